@@ -1,0 +1,81 @@
+"""Per-request sampling settings, shaped like vLLM's `SamplingParams` so vLLM code ports unchanged."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from argosy.engine.errors import InvalidRequestError
+
+
+class SamplingParamsError(InvalidRequestError):
+    """A sampling setting is out of range; `param` names the offending field."""
+
+
+@dataclass
+class SamplingParams:
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 or -1: all tokens
+    min_p: float = 0.0
+    seed: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    stop: list[str] | str | None = None
+    stop_token_ids: list[int] = field(default_factory=list)
+    max_tokens: int | None = 16  # None: up to the model's context length
+    min_tokens: int = 0
+    ignore_eos: bool = False
+    logprobs: int | None = None  # top-k logprobs per generated token, beside the sampled one
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        elif self.stop is None:
+            self.stop = []
+        else:
+            self.stop = list(self.stop)
+        self.stop_token_ids = list(self.stop_token_ids or [])
+        if self.top_k == -1:
+            self.top_k = 0
+        self.validate()
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature < 1e-5
+
+    def validate(self) -> None:
+        def fail(param: str, message: str) -> None:
+            raise SamplingParamsError(message, param)
+
+        if not isinstance(self.n, int) or self.n < 1:
+            fail("n", f"n must be at least 1, got {self.n}.")
+        if self.temperature < 0:
+            fail("temperature", f"temperature must be non-negative, got {self.temperature}.")
+        if not 0.0 < self.top_p <= 1.0:
+            fail("top_p", f"top_p must be in (0, 1], got {self.top_p}.")
+        if not isinstance(self.top_k, int) or self.top_k < 0:
+            fail("top_k", f"top_k must be -1 (disable) or at least 1, got {self.top_k}.")
+        if not 0.0 <= self.min_p <= 1.0:
+            fail("min_p", f"min_p must be in [0, 1], got {self.min_p}.")
+        if not -2.0 <= self.presence_penalty <= 2.0:
+            fail("presence_penalty", f"presence_penalty must be in [-2, 2], got {self.presence_penalty}.")
+        if not -2.0 <= self.frequency_penalty <= 2.0:
+            fail("frequency_penalty", f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}.")
+        if not self.repetition_penalty > 0.0:
+            fail("repetition_penalty", f"repetition_penalty must be greater than 0, got {self.repetition_penalty}.")
+        if self.max_tokens is not None and (not isinstance(self.max_tokens, int) or self.max_tokens < 1):
+            fail("max_tokens", f"max_tokens must be at least 1, got {self.max_tokens}.")
+        if not isinstance(self.min_tokens, int) or self.min_tokens < 0:
+            fail("min_tokens", f"min_tokens must be non-negative, got {self.min_tokens}.")
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            fail("min_tokens", f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens}).")
+        if self.logprobs is not None and (not isinstance(self.logprobs, int) or not 0 <= self.logprobs <= 20):
+            fail("logprobs", f"logprobs must be between 0 and 20, got {self.logprobs}.")
+        if any(not isinstance(s, str) or not s for s in self.stop):
+            fail("stop", "stop must hold non-empty strings.")
+        if self.seed is not None and not isinstance(self.seed, int):
+            fail("seed", f"seed must be an integer, got {self.seed!r}.")
