@@ -40,6 +40,8 @@ class Sequence:
     arrival_time: float = field(default_factory=time.monotonic)
     seq_id: int = field(default_factory=lambda: next(_seq_counter))
 
+    max_tokens: int = 0  # resolved by the engine from params.max_tokens and the context length
+
     # Filled in as it runs.
     token_ids: list[int] = field(init=False)
     num_computed_tokens: int = 0

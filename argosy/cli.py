@@ -1,0 +1,115 @@
+"""The `argosy` command."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+BUILTIN_MODEL = Path(__file__).parent / "models" / "builtin"
+
+
+def _add_engine_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    p.add_argument("--device", default="auto", help="auto (cuda where present, else cpu), cpu, cuda, cuda:1 ...")
+    p.add_argument("--kv-cache-memory", type=float, default=None, metavar="GIB", help="KV cache size in GiB")
+    p.add_argument("--max-num-seqs", type=int, default=256)
+    p.add_argument("--max-num-batched-tokens", type=int, default=None)
+    p.add_argument("--max-model-len", type=int, default=None)
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--no-prefix-caching", action="store_true")
+    p.add_argument("--seed", type=int, default=0)
+
+
+def engine_config_from_args(args: argparse.Namespace, model: str):
+    from argosy.engine.config import EngineConfig
+
+    return EngineConfig(model=model, dtype=args.dtype, device=args.device, kv_cache_memory_gib=args.kv_cache_memory,
+                        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+                        max_model_len=args.max_model_len, block_size=args.block_size,
+                        enable_prefix_caching=not args.no_prefix_caching, seed=args.seed)
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from argosy.engine.llm_engine import LLMEngine
+    from argosy.engine.sampling_params import SamplingParams
+
+    engine = LLMEngine(engine_config_from_args(args, args.model or str(BUILTIN_MODEL)))
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
+                            top_k=args.top_k, seed=args.seed_sampling, stop=args.stop or None)
+    prompt = args.prompt
+    if args.chat:
+        tok = engine.tokenizer
+        prompt = tok.encode(tok.apply_chat_template([{"role": "user", "content": args.prompt}]),
+                            add_special_tokens=False)
+    engine.add_request("0", prompt, params)
+    shown = 0
+    if not args.chat:
+        sys.stdout.write(args.prompt)
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            text = out.outputs[0].text
+            sys.stdout.write(text[shown:])
+            sys.stdout.flush()
+            shown = len(text)
+            if out.finished:
+                c = out.outputs[0]
+                sys.stdout.write("\n")
+                sys.stderr.write(f"[{len(c.token_ids)} tokens, finish_reason={c.finish_reason}]\n")
+    return 0
+
+
+def cmd_make_test_model(args: argparse.Namespace) -> int:
+    from argosy.engine.random_model import make_random_model
+
+    path = make_random_model(args.dir, arch=args.arch, size=args.size, vocab_size=args.vocab_size, seed=args.seed)
+    print(f"wrote a random-weight {args.arch} checkpoint ({args.size}) to {path}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="argosy", description="Serve open-weight language models.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    g = sub.add_parser("generate", help="generate text from a prompt, streaming tokens to the terminal")
+    g.add_argument("prompt")
+    g.add_argument("--model", default=None, help="checkpoint folder (default: the built-in model)")
+    g.add_argument("--max-tokens", type=int, default=64)
+    g.add_argument("--temperature", type=float, default=0.0)
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--top-k", type=int, default=0)
+    g.add_argument("--seed-sampling", type=int, default=None, help="seed for sampling (default: random)")
+    g.add_argument("--stop", action="append", help="stop string (repeatable)")
+    g.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    _add_engine_flags(g)
+    g.set_defaults(func=cmd_generate)
+
+    m = sub.add_parser("make-test-model", help="write a small random-weight Llama-family checkpoint")
+    m.add_argument("dir")
+    m.add_argument("--arch", default="llama", choices=["llama", "mistral", "qwen2", "qwen3"])
+    m.add_argument("--size", default="tiny", choices=["tiny", "small", "125m"])
+    m.add_argument("--vocab-size", type=int, default=512)
+    m.add_argument("--seed", type=int, default=0)
+    m.set_defaults(func=cmd_make_test_model)
+
+    try:
+        from argosy.server.cli import add_engine_arguments, run_engine_server
+    except ImportError:
+        pass
+    else:
+        e = sub.add_parser("engine", help="serve one engine over the OpenAI-compatible HTTP API")
+        add_engine_arguments(e)
+        e.set_defaults(func=run_engine_server)
+        s = sub.add_parser("serve", help="serve the built-in model (or --model) on 127.0.0.1:8000")
+        add_engine_arguments(s)
+        s.set_defaults(func=run_engine_server, port_default=8000)
+
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args) or 0
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

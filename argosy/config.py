@@ -1,0 +1,233 @@
+"""The fleet file: one YAML document describing a whole deployment, validated by one pydantic model.
+
+Every section is optional and every default is written here (and in docs/gateway.md); unknown fields
+are errors that name the field, so a typo never silently falls back to a default.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+
+
+class TLSConfig(_Strict):
+    cert: str | None = None
+    key: str | None = None
+
+    @model_validator(mode="after")
+    def _both_or_neither(self) -> TLSConfig:
+        if (self.cert is None) != (self.key is None):
+            raise ValueError("tls needs both cert and key (or neither)")
+        return self
+
+
+class GatewayConfig(_Strict):
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=0, le=65535)
+    redis_url: str | None = None  # limits, counters, prefix index and in-flight counts shared by gateways
+    tls: TLSConfig = TLSConfig()
+    otlp_endpoint: str | None = None
+    log_content: bool = False  # prompts and outputs are never logged unless true (or a model's debug)
+    health_interval_s: float = Field(2.0, gt=0)  # active health check (and vllm:* scrape) period
+    health_timeout_s: float = Field(2.0, gt=0)
+    eject_after_failures: int = Field(3, ge=1)  # consecutive failures that open an upstream's breaker
+    eject_for_s: float = Field(5.0, gt=0)  # open breaker cooldown before a half-open probe
+    max_retries: int = Field(2, ge=0)  # retries on another upstream for a request that failed before its first byte
+    retry_budget: float = Field(0.2, ge=0)  # retries allowed per request, averaged (plus a burst of 10)
+    connect_timeout_s: float = Field(5.0, gt=0)
+    default_max_tokens: int = Field(256, ge=1)  # token estimate when a request has no max_tokens
+    shared_sync_s: float = Field(0.1, gt=0)  # with redis: period of the in-flight count exchange
+
+
+class KeyConfig(_Strict):
+    name: str
+    hash: str
+    models: list[str] | None = None  # None: every model
+    rpm: int | None = Field(None, ge=1)  # None: unlimited
+    tpm: int | None = Field(None, ge=1)
+    priority: Literal["interactive", "batch"] = "interactive"
+
+
+class GPUSpec(_Strict):
+    model: str
+    memory_gib: float = Field(gt=0)
+
+
+class NodeConfig(_Strict):
+    name: str
+    provider: str = "local"
+    gpus: list[GPUSpec] = []
+
+
+class EngineSection(_Strict):
+    dtype: str = "auto"
+    max_num_seqs: int = Field(256, ge=1)
+    max_num_batched_tokens: int = Field(8192, ge=1)
+    kv_cache_memory_gib: float | None = Field(None, gt=0)
+    tensor_parallel_size: int = Field(1, ge=1)
+    pipeline_parallel_size: int = Field(1, ge=1)
+
+
+class RoutingConfig(_Strict):
+    policy: Literal["round_robin", "least_load", "prefix", "length_classes", "session"] = "least_load"
+    balance_abs: int = Field(32, ge=0)  # prefix: leave cache affinity when in-flight differs by more than this...
+    balance_rel: float = Field(1.5, ge=1.0)  # ...and the chosen one has more than this times the idlest
+    session_header: str = "x-session-id"
+    session_load_factor: float = Field(1.25, gt=1.0)  # bounded-load consistent hashing: cap = c * mean load
+    prefix_block_chars: int = Field(64, ge=8)  # prefix index granularity (about 16 tokens)
+    prefix_max_blocks: int = Field(200_000, ge=1)  # index bound (all upstreams together) before LRU eviction
+    prefix_ttl_s: float = Field(600.0, gt=0)  # an entry not used for this long is aged out
+
+
+class LengthClass(_Strict):
+    max_prompt_tokens: int = Field(ge=1)
+    replicas: int = Field(1, ge=0)  # with model-level upstreams: this class takes the next `replicas` of them
+    upstreams: list[str] | None = None  # or name the class's upstreams explicitly
+
+
+class AutoscalingConfig(_Strict):
+    min_replicas: int = Field(1, ge=0)
+    max_replicas: int = Field(8, ge=1)
+    metric: Literal["concurrency", "rps", "kv_cache", "queue"] = "concurrency"
+    target: float = Field(16, gt=0)
+    target_utilization: float = Field(0.7, gt=0, le=1)
+    stable_window_s: float = Field(60, gt=0)
+    panic_window_s: float = Field(6, gt=0)
+    panic_threshold: float = Field(2.0, gt=1)
+    scale_down_delay_s: float = Field(30, ge=0)
+    scale_to_zero_after_s: float | None = Field(None, gt=0)
+    warm_pool: int = Field(0, ge=0)
+
+
+class AdmissionConfig(_Strict):
+    max_in_flight: int = Field(256, ge=1)
+    max_queue: int = Field(512, ge=0)
+    queue_timeout_s: float = Field(30, gt=0)
+
+
+# A guardrail step is a one-key mapping, as in the example file: {pii: redact}, {blocklist: [...]},
+# {regex: [...]}, {max_prompt_tokens: N}, {moderation_url: URL}.
+class GuardrailStep(_Strict):
+    pii: Literal["redact", "block"] | None = None
+    blocklist: list[str] | None = None
+    regex: list[str] | None = None
+    max_prompt_tokens: int | None = Field(None, ge=1)
+    moderation_url: str | None = None
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> GuardrailStep:
+        set_fields = [k for k, v in self.__dict__.items() if v is not None]
+        if len(set_fields) != 1:
+            raise ValueError(f"a guardrail step has exactly one of pii, blocklist, regex, "
+                             f"max_prompt_tokens, moderation_url (got {set_fields or 'none'})")
+        return self
+
+
+class GuardrailsConfig(_Strict):
+    input: list[GuardrailStep] = []
+    output: list[GuardrailStep] = []
+    stream_window_chars: int = Field(64, ge=1)  # output text held back on streams so a split match is caught
+
+
+class TrafficRoute(_Strict):
+    revision: str
+    weight: float = Field(ge=0)
+    upstreams: list[str] | None = None  # gateway-only fleets name each revision's upstreams
+
+
+class ShadowConfig(_Strict):
+    revision: str
+    sample: float = Field(ge=0, le=1)
+    upstreams: list[str] | None = None
+    max_in_flight: int = Field(16, ge=1)  # beyond this, sampled shadows are dropped, never queued
+
+
+class ModelConfig(_Strict):
+    name: str
+    checkpoint: str | None = None
+    revision: str = "v1"
+    provider: str = "local"
+    engine: EngineSection = EngineSection()
+    routing: RoutingConfig = RoutingConfig()
+    length_classes: list[LengthClass] | None = None
+    autoscaling: AutoscalingConfig = AutoscalingConfig()
+    admission: AdmissionConfig = AdmissionConfig()
+    guardrails: GuardrailsConfig = GuardrailsConfig()
+    traffic: list[TrafficRoute] | None = None
+    shadow: ShadowConfig | None = None
+    upstreams: list[str] | None = None  # any OpenAI-compatible servers (not managed by Argosy)
+    debug: bool = False  # log this model's prompts and completions
+
+    @field_validator("upstreams")
+    @classmethod
+    def _urls(cls, v: list[str] | None) -> list[str] | None:
+        if v is None:
+            return v
+        for u in v:
+            if not u.startswith(("http://", "https://")):
+                raise ValueError(f"upstream {u!r} is not an http(s) URL")
+        return [u.rstrip("/") for u in v]
+
+    @field_validator("length_classes")
+    @classmethod
+    def _sorted(cls, v: list[LengthClass] | None) -> list[LengthClass] | None:
+        if v is not None:
+            bounds = [c.max_prompt_tokens for c in v]
+            if bounds != sorted(bounds) or len(set(bounds)) != len(bounds):
+                raise ValueError("length_classes must be in increasing max_prompt_tokens order")
+        return v
+
+
+class FleetConfig(_Strict):
+    gateway: GatewayConfig = GatewayConfig()
+    keys: list[KeyConfig] = []
+    admin_key_hash: str | None = None
+    providers: dict[str, dict[str, Any]] = {"local": {}}
+    nodes: list[NodeConfig] | None = None  # detected on a single machine when omitted
+    models: list[ModelConfig] = []
+
+    @model_validator(mode="after")
+    def _unique(self) -> FleetConfig:
+        seen: set[tuple[str, str]] = set()
+        for m in self.models:
+            if (m.name, m.revision) in seen:
+                raise ValueError(f"model {m.name!r} revision {m.revision!r} appears twice")
+            seen.add((m.name, m.revision))
+        names = [k.name for k in self.keys]
+        if len(names) != len(set(names)):
+            raise ValueError("key names must be unique")
+        return self
+
+
+class FleetConfigError(ValueError):
+    """The fleet file is unreadable or invalid; the message names the file and the fields."""
+
+
+def parse_fleet(data: Any, source: str = "<fleet>") -> FleetConfig:
+    if data is None:
+        data = {}
+    try:
+        return FleetConfig.model_validate(data)
+    except ValidationError as e:
+        lines = []
+        for err in e.errors():
+            loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
+            lines.append(f"  {loc}: {err['msg']}")
+        raise FleetConfigError(f"{source}: invalid fleet file:\n" + "\n".join(lines)) from None
+
+
+def load_fleet(path: str | Path) -> FleetConfig:
+    """Read and validate a fleet file; an empty file is a valid (all-defaults) fleet."""
+    p = Path(path)
+    try:
+        data = yaml.safe_load(p.read_text())
+    except (OSError, yaml.YAMLError) as e:
+        raise FleetConfigError(f"{p}: {e}") from None
+    return parse_fleet(data, str(p))

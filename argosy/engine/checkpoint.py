@@ -1,0 +1,116 @@
+"""Reads a Hugging Face checkpoint folder: config.json and safetensors weights (one file or sharded)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+
+
+class CheckpointError(ValueError):
+    """The checkpoint folder is missing a file or describes a model this engine cannot run."""
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling: dict | None  # llama3-style scaling parameters, else None
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    qkv_bias: bool  # Qwen2 (and Llama's attention_bias)
+    qk_norm: bool  # Qwen3
+    mlp_bias: bool
+    torch_dtype: str | None
+    sliding_window: int | None
+    bos_token_id: int | None
+    eos_token_ids: tuple[int, ...]
+
+
+def load_model_config(folder: str | Path) -> ModelConfig:
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise CheckpointError(f"model folder {str(folder)!r} does not exist")
+    path = folder / "config.json"
+    if not path.exists():
+        raise CheckpointError(f"{folder} has no config.json: not a Hugging Face checkpoint folder")
+    cfg = json.loads(path.read_text())
+    archs = cfg.get("architectures") or []
+    arch = next((a for a in archs if a in SUPPORTED_ARCHITECTURES), None)
+    if arch is None:
+        raise CheckpointError(
+            f"unsupported architecture {archs or cfg.get('model_type')!r} in {path}; "
+            f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
+        )
+    num_heads = cfg["num_attention_heads"]
+    hidden = cfg["hidden_size"]
+    # transformers 5 writes rope settings as `rope_parameters`; older checkpoints use
+    # `rope_theta` + `rope_scaling`.
+    rope = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
+    rope_theta = float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0)))
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if rope_type not in ("default", "llama3"):
+        raise CheckpointError(f"unsupported rope_type {rope_type!r} in {path}; supported: default, llama3")
+    eos = cfg.get("eos_token_id")
+    eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
+    use_sliding = cfg.get("use_sliding_window", arch == "MistralForCausalLM")
+    return ModelConfig(
+        architecture=arch,
+        vocab_size=cfg["vocab_size"],
+        hidden_size=hidden,
+        intermediate_size=cfg["intermediate_size"],
+        num_layers=cfg["num_hidden_layers"],
+        num_heads=num_heads,
+        num_kv_heads=cfg.get("num_key_value_heads") or num_heads,
+        head_dim=cfg.get("head_dim") or hidden // num_heads,
+        rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+        rope_theta=rope_theta,
+        rope_scaling=rope if rope_type == "llama3" else None,
+        max_position_embeddings=cfg.get("max_position_embeddings", 2048),
+        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        qkv_bias=arch == "Qwen2ForCausalLM" or bool(cfg.get("attention_bias", False)),
+        qk_norm=arch == "Qwen3ForCausalLM",
+        mlp_bias=bool(cfg.get("mlp_bias", False)),
+        torch_dtype=cfg.get("torch_dtype") or cfg.get("dtype"),
+        sliding_window=cfg.get("sliding_window") if use_sliding else None,
+        bos_token_id=cfg.get("bos_token_id"),
+        eos_token_ids=eos_ids,
+    )
+
+
+def safetensors_files(folder: str | Path) -> list[Path]:
+    folder = Path(folder)
+    index = folder / "model.safetensors.index.json"
+    if index.exists():
+        weight_map = json.loads(index.read_text())["weight_map"]
+        files = [folder / name for name in sorted(set(weight_map.values()))]
+    else:
+        files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise CheckpointError(f"{folder} has no safetensors weights (model.safetensors or a sharded index)")
+    missing = [f.name for f in files if not f.exists()]
+    if missing:
+        raise CheckpointError(f"{folder} is missing weight shards: {', '.join(missing)}")
+    return files
+
+
+def iter_weights(folder: str | Path, device: torch.device | str = "cpu") -> Iterator[tuple[str, torch.Tensor]]:
+    """Yields (name, tensor) one tensor at a time, so peak memory stays near one tensor."""
+    for path in safetensors_files(folder):
+        with safe_open(str(path), framework="pt", device=str(device)) as f:
+            for name in f.keys():
+                yield name, f.get_tensor(name)

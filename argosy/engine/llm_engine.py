@@ -1,0 +1,190 @@
+"""LLMEngine: requests in, one scheduler step at a time, outputs out. Not thread-safe: one caller."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+
+from argosy.engine.config import EngineConfig
+from argosy.engine.detokenizer import IncrementalDetokenizer
+from argosy.engine.errors import InvalidRequestError
+from argosy.engine.kv_cache_manager import KVCacheManager
+from argosy.engine.model_runner import ModelRunner
+from argosy.engine.outputs import CompletionOutput, RequestOutput
+from argosy.engine.sampler import Sampler
+from argosy.engine.sampling_params import SamplingParams
+from argosy.engine.scheduler import Scheduler
+from argosy.engine.sequence import Sequence, SequenceStatus
+from argosy.engine.tokenizer import Tokenizer
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig, served_model_name: str | None = None):
+        self.config = config
+        self.model_name = served_model_name or Path(config.model).name
+        self.tokenizer = Tokenizer.from_pretrained(config.model)
+        self.runner = ModelRunner(config)
+        mc = self.runner.model_config
+        limit = min(x for x in (mc.max_position_embeddings, mc.sliding_window) if x)
+        self.max_model_len = min(config.max_model_len or limit, limit)
+        self.vocab_size = min(self.tokenizer.vocab_size, mc.vocab_size)
+        self.eos_token_ids = set(self.tokenizer.eos_token_ids) | set(mc.eos_token_ids)
+        self.kv = KVCacheManager(self.runner.num_blocks, config.block_size, config.enable_prefix_caching)
+        budget = config.token_budget(self.runner.device)
+        self.scheduler = Scheduler(self.kv, config.max_num_seqs, budget, config.scheduling_policy)
+        self.sampler = Sampler(self.vocab_size, self.eos_token_ids, seed=config.seed)
+        self.requests: dict[str, list[Sequence]] = {}
+        self.prompts: dict[str, str | None] = {}
+
+    # -- requests -------------------------------------------------------------------------------
+    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams | None = None,
+                    priority: int = 0, cache_salt: str | None = None, arrival_time: float | None = None) -> None:
+        params = params or SamplingParams()
+        if request_id in self.requests:
+            raise InvalidRequestError(f"request id {request_id!r} is already running", "request_id")
+        token_ids = self._tokenize(prompt)
+        if params.logprobs is not None and params.logprobs > self.config.max_logprobs:
+            raise InvalidRequestError(f"logprobs must be at most {self.config.max_logprobs}", "logprobs")
+        room = self.max_model_len - len(token_ids)
+        if room < 1:
+            raise InvalidRequestError(
+                f"the prompt is {len(token_ids)} tokens, but this model's context is {self.max_model_len} "
+                "tokens and at least one must be left to generate", "prompt")
+        max_tokens = params.max_tokens if params.max_tokens is not None else room
+        if max_tokens > room:
+            raise InvalidRequestError(
+                f"max_tokens is {max_tokens}, but the prompt is {len(token_ids)} tokens and this model's "
+                f"context is {self.max_model_len} tokens: at most {room} can be generated", "max_tokens")
+        blocks_needed = -(-(len(token_ids) + max_tokens) // self.config.block_size)
+        if blocks_needed > self.runner.num_blocks:
+            raise InvalidRequestError(
+                f"this request needs {blocks_needed} KV-cache blocks but the cache holds "
+                f"{self.runner.num_blocks}", "max_tokens")
+        now = arrival_time if arrival_time is not None else time.monotonic()
+        seqs = []
+        for i in range(params.n):
+            seq = Sequence(request_id, token_ids, params, index=i, priority=priority, cache_salt=cache_salt,
+                           arrival_time=now)
+            seq.max_tokens = max_tokens
+            if params.seed is not None:
+                # Each of the n completions gets its own stream, as vLLM's seed + index.
+                seq.generator = torch.Generator(self.runner.device).manual_seed(params.seed + i)
+            seq.detokenizer = IncrementalDetokenizer(self.tokenizer, token_ids, params)
+            seqs.append(seq)
+        self.requests[request_id] = seqs
+        self.prompts[request_id] = prompt if isinstance(prompt, str) else None
+        for seq in seqs:
+            self.scheduler.add(seq)
+
+    def _tokenize(self, prompt: str | list[int]) -> list[int]:
+        if isinstance(prompt, str):
+            token_ids = self.tokenizer.encode(prompt)
+        else:
+            token_ids = list(prompt)
+            bad = [t for t in token_ids if not isinstance(t, int) or isinstance(t, bool)
+                   or not 0 <= t < self.vocab_size]
+            if bad:
+                raise InvalidRequestError(
+                    f"token id {bad[0]!r} is out of range: ids must be integers in [0, {self.vocab_size})", "prompt")
+        if not token_ids:
+            raise InvalidRequestError("the prompt is empty", "prompt")
+        return token_ids
+
+    def abort_request(self, request_id: str) -> None:
+        for seq in self.requests.pop(request_id, []):
+            if not seq.finished:
+                self.scheduler.finish(seq, SequenceStatus.FINISHED_ABORTED)
+        self.prompts.pop(request_id, None)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests)
+
+    # -- the step -------------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        out = self.scheduler.schedule()
+        if not out.scheduled:
+            return []
+        batch = self.runner.prepare(out.scheduled)
+        logits = self.runner.execute(batch)
+        now = time.monotonic()
+        touched: dict[str, None] = {}
+        for seq, n in out.scheduled:
+            seq.num_computed_tokens += n
+            if seq.first_scheduled_time is None:
+                seq.first_scheduled_time = now
+        if batch.sampling_seqs:
+            sampled = self.sampler(logits, batch.sampling_seqs)
+            for i, seq in enumerate(batch.sampling_seqs):
+                self._append(seq, sampled.token_ids[i], sampled.logprobs[i], sampled.sampled_logprobs[i], now)
+                touched[seq.request_id] = None
+        return [self._output(rid, now) for rid in touched]
+
+    def _append(self, seq: Sequence, token: int, logprobs, sampled_logprob, now: float) -> None:
+        seq.append_token(token)
+        if seq.first_token_time is None:
+            seq.first_token_time = now
+        seq.last_token_time = now
+        if logprobs is not None:
+            for tid, lp in logprobs.items():
+                lp.decoded_token = self.tokenizer.decode([tid], skip_special_tokens=False)
+            seq.logprobs.append(logprobs)
+        if sampled_logprob is not None:
+            seq.cumulative_logprob += sampled_logprob
+        params = seq.params
+        detok = seq.detokenizer
+        status = None
+        if token in self.eos_token_ids and not params.ignore_eos:
+            status = SequenceStatus.FINISHED_STOPPED
+        elif token in params.stop_token_ids:
+            status, seq.stop_reason = SequenceStatus.FINISHED_STOPPED, token
+        stop = detok.update([token], stop_terminated=status is not None)
+        if stop is not None:
+            status, seq.stop_reason = SequenceStatus.FINISHED_STOPPED, stop
+        if status is None and (seq.num_output_tokens >= seq.max_tokens or seq.num_tokens >= self.max_model_len):
+            # The held-back tail of a character is released now; it may complete a stop string.
+            stop = detok.finish()
+            status = SequenceStatus.FINISHED_LENGTH if stop is None else SequenceStatus.FINISHED_STOPPED
+            seq.stop_reason = stop
+        if status is not None:
+            self.scheduler.finish(seq, status)
+
+    def _output(self, request_id: str, now: float) -> RequestOutput:
+        seqs = self.requests[request_id]
+        finished = all(s.finished for s in seqs)
+        first = seqs[0]
+        outputs = [
+            CompletionOutput(
+                index=s.index,
+                text=s.detokenizer.visible_text,
+                token_ids=s.output_token_ids,
+                cumulative_logprob=s.cumulative_logprob if s.params.logprobs is not None else None,
+                logprobs=s.logprobs,
+                finish_reason=s.status.value if s.finished else None,
+                stop_reason=s.stop_reason,
+            )
+            for s in seqs
+        ]
+        metrics = {"arrival_time": first.arrival_time,
+                   "first_scheduled_time": min((s.first_scheduled_time for s in seqs if s.first_scheduled_time),
+                                               default=now),
+                   "first_token_time": min((s.first_token_time for s in seqs if s.first_token_time), default=now)}
+        if finished:
+            metrics["finished_time"] = now
+            del self.requests[request_id]
+        prompt = self.prompts.pop(request_id, None) if finished else self.prompts.get(request_id)
+        return RequestOutput(request_id, prompt, first.prompt_token_ids, outputs, finished,
+                             num_cached_tokens=first.num_cached_tokens, metrics=metrics)
+
+    def stats(self) -> dict:
+        return {
+            "num_running": len(self.scheduler.running),
+            "num_waiting": len(self.scheduler.waiting),
+            "kv_cache_usage": self.kv.usage,
+            "prefix_cache_queries": self.kv.queries,
+            "prefix_cache_hits": self.kv.hits,
+            "num_preemptions": self.scheduler.num_preemptions,
+            "num_free_blocks": self.kv.num_free_blocks,
+            "num_blocks": self.runner.num_blocks,
+        }

@@ -1,0 +1,148 @@
+"""Loads the model, owns the KV cache tensors, and runs one flattened batch per engine step."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from argosy.engine.attention import AttentionMetadata, PrefillChunk
+from argosy.engine.checkpoint import ModelConfig, iter_weights, load_model_config
+from argosy.engine.config import DTYPES, EngineConfig
+from argosy.engine.models.llama import LlamaForCausalLM, rope_inv_freq
+from argosy.engine.sequence import Sequence
+
+logger = logging.getLogger(__name__)
+
+GIB = 1 << 30
+CPU_DEFAULT_KV_GIB = 2.0
+
+
+def resolve_dtype(config: EngineConfig, model_cfg: ModelConfig, device: torch.device) -> torch.dtype:
+    if config.dtype != "auto":
+        return DTYPES[config.dtype]
+    if device.type == "cpu":
+        return torch.float32  # half-precision matmuls on most CPUs are slower than float32
+    return DTYPES.get(str(model_cfg.torch_dtype), torch.bfloat16)
+
+
+@dataclass
+class BatchInputs:
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    meta: AttentionMetadata
+    sample_indices: torch.Tensor  # rows of the flattened batch whose logits are sampled
+    sampling_seqs: list[Sequence]
+
+
+class ModelRunner:
+    def __init__(self, config: EngineConfig):
+        self.config = config
+        self.device = config.resolved_device()
+        self.model_config = load_model_config(config.model)
+        self.dtype = resolve_dtype(config, self.model_config, self.device)
+        self.block_size = config.block_size
+        with torch.device("meta"):
+            model = LlamaForCausalLM(self.model_config)
+        model = model.to_empty(device=self.device).to(self.dtype)
+        # to_empty left the rotary frequencies uninitialised; they stay float32 in any model dtype.
+        model.inv_freq = rope_inv_freq(self.model_config).to(self.device)
+        model.load_weights(iter_weights(config.model, self.device))
+        self.model = model.eval()
+        self.num_blocks = self._num_kv_blocks()
+        cfg = self.model_config
+        shape = (2, self.num_blocks, self.block_size, cfg.num_kv_heads, cfg.head_dim)
+        self.kv_caches = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(cfg.num_layers)]
+
+    def kv_bytes_per_block(self) -> int:
+        cfg = self.model_config
+        elem = torch.finfo(self.dtype).bits // 8
+        return 2 * cfg.num_layers * self.block_size * cfg.num_kv_heads * cfg.head_dim * elem
+
+    def _num_kv_blocks(self) -> int:
+        if self.config.kv_cache_memory_gib is not None:
+            budget = self.config.kv_cache_memory_gib * GIB
+        elif self.device.type == "cuda":
+            free, total = torch.cuda.mem_get_info(self.device)
+            used = total - free
+            budget = self.config.gpu_memory_utilization * total - used
+        else:
+            budget = CPU_DEFAULT_KV_GIB * GIB
+        num_blocks = int(budget // self.kv_bytes_per_block())
+        if num_blocks < 2:
+            raise ValueError(
+                f"the KV cache budget ({budget / GIB:.3f} GiB) holds fewer than 2 blocks of "
+                f"{self.kv_bytes_per_block() / 2**20:.2f} MiB; raise kv_cache_memory_gib"
+            )
+        return num_blocks
+
+    def prepare(self, scheduled: list[tuple[Sequence, int]]) -> BatchInputs:
+        bs = self.block_size
+        # Decodes (one token) first, so attention can batch them in one call.
+        decodes = [(s, n) for s, n in scheduled if n == 1]
+        prefills = [(s, n) for s, n in scheduled if n > 1]
+        input_ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        sample_rows: list[int] = []
+        sampling_seqs: list[Sequence] = []
+        decode_lens: list[int] = []
+        decode_tables: list[list[int]] = []
+        for seq, _ in decodes:
+            pos = seq.num_computed_tokens
+            input_ids.append(seq.token_ids[pos])
+            positions.append(pos)
+            slots.append(seq.block_ids[pos // bs] * bs + pos % bs)
+            decode_lens.append(pos + 1)
+            decode_tables.append(seq.block_ids[: (pos + bs) // bs])
+            if pos + 1 == seq.num_tokens:
+                sample_rows.append(len(input_ids) - 1)
+                sampling_seqs.append(seq)
+        chunks: list[PrefillChunk] = []
+        for seq, n in prefills:
+            start = seq.num_computed_tokens
+            end = start + n
+            q_start = len(input_ids)
+            input_ids.extend(seq.token_ids[start:end])
+            positions.extend(range(start, end))
+            table = torch.tensor(seq.block_ids[: (end + bs - 1) // bs], dtype=torch.long)
+            seq_slots = (table.unsqueeze(1) * bs + torch.arange(bs)).view(-1)[:end]
+            slots.extend(seq_slots[start:end].tolist())
+            ctx_slots = seq_slots.to(self.device) if start > 0 else None
+            chunks.append(PrefillChunk(q_start, n, end, ctx_slots))
+            if end == seq.num_tokens:
+                sample_rows.append(len(input_ids) - 1)
+                sampling_seqs.append(seq)
+        dev = self.device
+        decode_slots = decode_mask = None
+        if decodes:
+            max_blocks = max(len(t) for t in decode_tables)
+            table = torch.tensor([t + [0] * (max_blocks - len(t)) for t in decode_tables], dtype=torch.long)
+            max_len = max(decode_lens)
+            decode_slots = (table.unsqueeze(-1) * bs + torch.arange(bs)).view(len(decodes), -1)[:, :max_len]
+            lens = torch.tensor(decode_lens)
+            decode_mask = (torch.arange(max_len).unsqueeze(0) < lens.unsqueeze(1)).view(len(decodes), 1, 1, max_len)
+            decode_slots, decode_mask = decode_slots.to(dev), decode_mask.to(dev)
+        meta = AttentionMetadata(
+            slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev),
+            num_decodes=len(decodes),
+            decode_slots=decode_slots,
+            decode_mask=decode_mask,
+            prefills=chunks,
+        )
+        return BatchInputs(
+            input_ids=torch.tensor(input_ids, dtype=torch.long, device=dev),
+            positions=torch.tensor(positions, dtype=torch.long, device=dev),
+            meta=meta,
+            sample_indices=torch.tensor(sample_rows, dtype=torch.long, device=dev),
+            sampling_seqs=sampling_seqs,
+        )
+
+    @torch.inference_mode()
+    def execute(self, batch: BatchInputs) -> torch.Tensor:
+        """Runs the model; returns float32 logits for the sampling rows, [len(sampling_seqs), vocab]."""
+        hidden = self.model(batch.input_ids, batch.positions, self.kv_caches, batch.meta)
+        if not batch.sampling_seqs:
+            return hidden.new_empty((0, self.model_config.vocab_size), dtype=torch.float32)
+        return self.model.compute_logits(hidden[batch.sample_indices]).float()

@@ -1,0 +1,111 @@
+"""`argosy gateway --config fleet.yaml` and `argosy keys add NAME --config fleet.yaml`.
+
+Safe default: with no keys configured the gateway needs no key, so it only binds a loopback
+address; binding anything else without keys is refused unless --insecure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import logging
+import socket
+import sys
+from pathlib import Path
+
+import yaml
+
+from argosy.config import FleetConfigError, load_fleet, parse_fleet
+from argosy.gateway.keys import new_key
+
+
+def add_gateway_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", help="fleet file (YAML); without one, the defaults")
+    parser.add_argument("--host", help="override gateway.host")
+    parser.add_argument("--port", type=int, help="override gateway.port (0: any free port)")
+    parser.add_argument("--insecure", action="store_true",
+                        help="allow a non-loopback address with no API keys configured (anyone can use it)")
+    parser.add_argument("--log-level", default="info")
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def run_gateway(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from argosy.gateway.app import Gateway
+
+    try:
+        fleet = load_fleet(args.config) if args.config else parse_fleet({})
+    except FleetConfigError as e:
+        print(f"argosy gateway: {e}", file=sys.stderr)
+        return 2
+    gw = fleet.gateway
+    host = args.host or gw.host
+    port = gw.port if args.port is None else args.port
+    if not fleet.keys and not is_loopback(host) and not args.insecure:
+        print(f"argosy gateway: refusing to listen on {host} with no API keys configured: anyone who can "
+              f"reach it could use every model.\nAdd a key first:  argosy keys add NAME --config "
+              f"{args.config or 'fleet.yaml'}\nor bind 127.0.0.1, or pass --insecure.", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(4096)  # connections wait in the backlog until the app has started
+    scheme = "https" if gw.tls.cert else "http"
+    shown = f"[{host}]" if family == socket.AF_INET6 else host
+    print(f"argosy gateway listening on {scheme}://{shown}:{sock.getsockname()[1]}", flush=True)
+    cfg = uvicorn.Config(Gateway(fleet), lifespan="on", access_log=False, log_level="warning",
+                         ssl_certfile=gw.tls.cert, ssl_keyfile=gw.tls.key, timeout_graceful_shutdown=5)
+    uvicorn.Server(cfg).run(sockets=[sock])
+    return 0
+
+
+def add_keys_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="keys_command", required=True)
+    add = sub.add_parser("add", help="create a key: prints it once, stores only its hash in the fleet file")
+    add.add_argument("name")
+    add.add_argument("--config", required=True, help="fleet file to add the key to (created if missing)")
+    add.add_argument("--models", help="comma-separated models the key may use (default: all)")
+    add.add_argument("--rpm", type=int, help="requests per minute")
+    add.add_argument("--tpm", type=int, help="tokens per minute")
+    add.add_argument("--priority", choices=["interactive", "batch"], default="interactive")
+    add.add_argument("--admin", action="store_true", help="make this the admin key (admin_key_hash)")
+
+
+def run_keys(args: argparse.Namespace) -> int:
+    path = Path(args.config)
+    data = (yaml.safe_load(path.read_text()) if path.exists() else None) or {}
+    key, h = new_key()
+    if args.admin:
+        data["admin_key_hash"] = h
+    else:
+        entry = {"name": args.name, "hash": h, "priority": args.priority}
+        if args.models:
+            entry["models"] = [m.strip() for m in args.models.split(",") if m.strip()]
+        for f in ("rpm", "tpm"):
+            if getattr(args, f):
+                entry[f] = getattr(args, f)
+        keys = data.setdefault("keys", []) or []
+        if any(k.get("name") == args.name for k in keys):
+            print(f"argosy keys: a key named {args.name!r} already exists in {path}", file=sys.stderr)
+            return 2
+        data["keys"] = [*keys, entry]
+    try:
+        parse_fleet(data, str(path))
+    except FleetConfigError as e:
+        print(f"argosy keys: {e}", file=sys.stderr)
+        return 2
+    path.write_text(yaml.safe_dump(data, sort_keys=False))  # note: rewriting drops YAML comments
+    print(key)
+    print(f"(shown once; {path} stores only its hash)", file=sys.stderr)
+    return 0

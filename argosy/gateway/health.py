@@ -1,0 +1,140 @@
+"""Upstream state: the gateway's own load accounting, scraped vllm:* gauges and a circuit breaker.
+
+Breaker: closed -> (eject_after consecutive failures, passive or active) -> open for `eject_for_s`
+-> half-open: one probe request (or a passing health check) at a time -> closed on success, open
+again on failure. Load counts are updated at once when a request starts/ends, never scraped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Iterable
+
+import aiohttp
+
+CLOSED, OPEN, HALF_OPEN = "closed", "open", "half_open"
+
+
+class Upstream:
+    __slots__ = ("url", "in_flight", "tokens_in_flight", "remote_in_flight", "waiting", "kv_usage",
+                 "state", "failures", "opened_at", "probing", "eject_after", "eject_for", "served", "failed")
+
+    def __init__(self, url: str, eject_after: int = 3, eject_for: float = 5.0):
+        self.url = url
+        self.in_flight = 0  # this gateway's requests in flight here
+        self.tokens_in_flight = 0  # their estimated tokens
+        self.remote_in_flight = 0  # other gateways' (via redis), refreshed every shared_sync_s
+        self.waiting = 0.0  # scraped vllm:num_requests_waiting
+        self.kv_usage = 0.0  # scraped vllm:kv_cache_usage_perc (0..1)
+        self.state, self.failures, self.opened_at, self.probing = CLOSED, 0, 0.0, False
+        self.eject_after, self.eject_for = eject_after, eject_for
+        self.served = self.failed = 0
+
+    @property
+    def total_in_flight(self) -> int:
+        return self.in_flight + self.remote_in_flight
+
+    def load(self) -> float:
+        # Requests dominate; tokens (per 2k) and the scraped queue/KV gauges break ties and
+        # account for traffic this gateway does not see.
+        return self.total_in_flight + self.tokens_in_flight / 2048 + self.waiting + self.kv_usage
+
+    def available(self, now: float | None = None) -> bool:
+        if self.state == CLOSED:
+            return True
+        if self.state == OPEN:
+            now = time.monotonic() if now is None else now
+            return now - self.opened_at >= self.eject_for
+        return not self.probing  # half-open: one probe at a time
+
+    def on_start(self, tokens: int) -> None:
+        if self.state == OPEN:  # cooldown over (available() said so): this request is the probe
+            self.state = HALF_OPEN
+        if self.state == HALF_OPEN:
+            self.probing = True
+        self.in_flight += 1
+        self.tokens_in_flight += tokens
+
+    def on_end(self, tokens: int) -> None:
+        self.in_flight -= 1
+        self.tokens_in_flight -= tokens
+
+    def success(self) -> None:
+        self.failures, self.probing, self.state = 0, False, CLOSED
+        self.served += 1
+
+    def failure(self) -> None:
+        self.failed += 1
+        self.failures += 1
+        self.probing = False
+        if self.state == HALF_OPEN or self.failures >= self.eject_after:
+            if self.state != OPEN:
+                self.opened_at = time.monotonic()
+            self.state = OPEN
+
+    def snapshot(self) -> dict:
+        return {"url": self.url, "state": self.state, "healthy": self.state == CLOSED, "in_flight": self.in_flight,
+                "remote_in_flight": self.remote_in_flight, "tokens_in_flight": self.tokens_in_flight,
+                "waiting": self.waiting, "kv_cache_usage": self.kv_usage, "consecutive_failures": self.failures,
+                "served": self.served, "failed": self.failed}
+
+
+GAUGES = {b"vllm:num_requests_waiting": "waiting", b"vllm:kv_cache_usage_perc": "kv_usage"}
+
+
+def parse_gauges(text: bytes) -> dict[str, float]:
+    """Sum the vllm:* gauges we route on over all label sets (one replica may serve several models)."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        for name, attr in GAUGES.items():
+            if line.startswith(name) and line[len(name):len(name) + 1] in (b"{", b" "):
+                with contextlib.suppress(ValueError, IndexError):
+                    out[attr] = out.get(attr, 0.0) + float(line.rsplit(None, 1)[1])
+    return out
+
+
+class HealthChecker:
+    """Active checks: GET /health (any answer below 500 means alive: llama.cpp's server has no
+    /health), then GET /metrics for the load gauges when `scrape` is set."""
+
+    def __init__(self, session: aiohttp.ClientSession, interval: float, timeout: float):
+        self.session, self.interval = session, interval
+        self.timeout = aiohttp.ClientTimeout(total=timeout)
+        self.task: asyncio.Task | None = None
+
+    async def check(self, u: Upstream, scrape: bool) -> bool:
+        try:
+            async with self.session.get(u.url + "/health", timeout=self.timeout) as r:
+                await r.read()
+                ok = r.status < 500
+            if ok and scrape:
+                async with self.session.get(u.url + "/metrics", timeout=self.timeout) as r:
+                    if r.status == 200:
+                        g = parse_gauges(await r.read())
+                        u.waiting = g.get("waiting", 0.0)
+                        u.kv_usage = g.get("kv_usage", 0.0)
+        except (TimeoutError, aiohttp.ClientError, OSError):
+            ok = False
+        if ok:
+            if u.state != CLOSED and u.available():
+                u.failures, u.probing, u.state = 0, False, CLOSED  # recovered: passing check closes it
+        else:
+            u.failure()
+        return ok
+
+    async def run(self, upstreams: callable, scrape: callable) -> None:
+        while True:
+            ups: Iterable[Upstream] = list(upstreams())
+            await asyncio.gather(*(self.check(u, scrape(u)) for u in ups), return_exceptions=True)
+            await asyncio.sleep(self.interval)
+
+    def start(self, upstreams, scrape) -> None:
+        self.task = asyncio.get_running_loop().create_task(self.run(upstreams, scrape))
+
+    async def stop(self) -> None:
+        if self.task:
+            self.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.task

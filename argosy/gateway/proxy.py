@@ -1,0 +1,199 @@
+"""Forwarding one request to an upstream: retries before the first byte, streaming after it.
+
+A request that fails before its first byte (connection refused or reset, a 5xx, a 429) is retried on
+another upstream, within `max_retries` and a retry budget. Once the first byte has gone to the user,
+a stream is never replayed: an upstream failure ends it with an error event and `data: [DONE]`.
+Streamed chunks pass through as received (no re-encoding) unless output guardrails need the text.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+
+import aiohttp
+
+from argosy.gateway.errors import GatewayError, unavailable
+from argosy.gateway.guardrails import Blocked
+from argosy.gateway.health import Upstream
+from argosy.gateway.router import Router, RouteRequest
+from argosy.gateway.stream import StreamFilter, rewrite_full
+
+log = logging.getLogger("argosy.gateway")
+RETRYABLE = {429, 500, 502, 503, 504}
+DONE = b"data: [DONE]\n\n"
+
+
+@dataclass
+class Call:
+    model: str
+    route: str  # the traffic revision
+    path: str
+    body: bytes
+    stream: bool
+    rreq: RouteRequest
+    tokens: int  # estimate, for load accounting
+    router: Router
+    t0: float
+    guard: object | None = None  # Guardrails when the model has output checks
+    keep_output: bool = False  # collect the response (shadow comparison, usage, debug log)
+    status: int = 0
+    upstream: str = ""
+    output: list[bytes] = field(default_factory=list)
+    completion_events: int = 0
+    retries: int = 0
+
+
+def stream_error(message: str, code: str) -> bytes:
+    err = {"error": {"message": message, "type": "upstream_error", "param": None, "code": code}}
+    return b"data: " + json.dumps(err).encode() + b"\n\n" + DONE
+
+
+class Proxy:
+    def __init__(self, session: aiohttp.ClientSession, metrics, max_retries: int, retry_budget: float,
+                 retry_after: float):
+        self.session, self.m = session, metrics
+        self.max_retries, self.retry_rate = max_retries, retry_budget
+        self.budget = 10.0  # retry tokens: each request adds retry_rate (capped), each retry spends 1
+        self.retry_after = retry_after
+
+    def _may_retry(self, call: Call) -> bool:
+        if call.retries >= self.max_retries or self.budget < 1:
+            return False
+        self.budget -= 1
+        call.retries += 1
+        return True
+
+    async def forward(self, call: Call, send, disconnected: asyncio.Future | None) -> None:
+        self.budget = min(10.0, self.budget + self.retry_rate)
+        tried: set[str] = set()
+        last_error = "no live upstream"
+        while True:
+            u = call.router.choose(call.rreq, tried)
+            if u is None:
+                raise unavailable(f"model {call.model!r} has no live upstream ({last_error}); retry later",
+                                  "no_upstream", retry_after=self.retry_after)
+            tried.add(u.url)
+            call.upstream = u.url
+            u.on_start(call.tokens)
+            try:
+                done = await self._attempt(call, u, send, disconnected)
+            except (TimeoutError, aiohttp.ClientError, OSError) as e:
+                u.failure()
+                last_error = f"{type(e).__name__} from {u.url}"
+                log.warning("upstream %s failed before the first byte: %s", u.url, type(e).__name__)
+                done = False
+            finally:
+                u.on_end(call.tokens)
+            if done:
+                return
+            if not self._may_retry(call):
+                raise unavailable(f"model {call.model!r}: upstream failed ({last_error}); retry later",
+                                  "upstream_unavailable", retry_after=self.retry_after)
+            self.m.retries.labels(call.model, u.url).inc()
+
+    async def _attempt(self, call: Call, u: Upstream, send, disconnected) -> bool:
+        """True when the user got an answer; False to retry elsewhere (nothing was sent yet)."""
+        resp = await self.session.post(u.url + call.path, data=call.body,
+                                       headers={"content-type": "application/json"})
+        try:
+            if resp.status in RETRYABLE:
+                await resp.read()
+                if resp.status != 429:  # a 429 is a busy upstream, not a broken one
+                    u.failure()
+                return False
+            ctype = resp.headers.get("content-type", "application/json").encode()
+            if not call.stream or resp.status != 200 or not ctype.startswith(b"text/event-stream"):
+                body = await resp.read()
+                u.success()
+                call.status = resp.status
+                if call.keep_output or call.guard is not None:
+                    call.output.append(body)
+                if call.guard is not None and resp.status == 200:
+                    body = await self._check_full(call, body, send)
+                    if body is None:
+                        return True
+                await send({"type": "http.response.start", "status": call.status,
+                            "headers": [(b"content-type", ctype), (b"content-length", str(len(body)).encode())]})
+                await send({"type": "http.response.body", "body": body})
+                self.m.ttft.labels(call.model, call.route, u.url).observe(time.monotonic() - call.t0)
+                return True
+            first = await resp.content.readany()  # still retryable until this arrives
+            if not first:
+                u.failure()
+                return False
+            u.success()
+            call.status = 200
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]})
+            await self._stream(call, u, resp, first, send, disconnected)
+            return True
+        finally:
+            resp.release()
+
+    async def _check_full(self, call: Call, body: bytes, send) -> bytes | None:
+        """Output guardrails on a whole (non-streamed) response; None when it was blocked (error sent)."""
+        try:
+            return await rewrite_full(call.guard, body)
+        except (Blocked, GatewayError) as e:
+            err = e if isinstance(e, GatewayError) else GatewayError(
+                400, f"the response was blocked by a guardrail: {e}", "invalid_request_error", "content_filter")
+            call.status = err.status
+            await send({"type": "http.response.start", "status": err.status, "headers": err.headers()})
+            await send({"type": "http.response.body", "body": err.body()})
+            return None
+
+    async def _stream(self, call: Call, u: Upstream, resp, chunk: bytes, send, disconnected) -> None:
+        labels = (call.model, call.route, u.url)
+        ttft, itl = self.m.ttft.labels(*labels), self.m.itl.labels(*labels)
+        filt = StreamFilter(call.guard) if call.guard is not None else None
+        keep = call.keep_output
+        now = time.monotonic()
+        ttft.observe(now - call.t0)
+        last_t, saw_done, events = now, False, 0
+        it = resp.content.iter_any()
+        try:
+            while True:
+                if disconnected is not None and disconnected.done():
+                    return  # the user went away: releasing resp aborts the upstream request
+                events += chunk.count(b"data: ")
+                if not saw_done and DONE[:12] in chunk:
+                    saw_done = True
+                if keep:
+                    call.output.append(chunk)
+                if filt is not None:
+                    try:
+                        chunk = await filt.feed(chunk)
+                    except (Blocked, GatewayError) as e:
+                        await send({"type": "http.response.body", "body": stream_error(
+                            f"the response was blocked by a guardrail: {e}", "content_filter"), "more_body": False})
+                        return
+                if chunk:
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                try:
+                    chunk = await it.__anext__()
+                except StopAsyncIteration:
+                    break
+                now = time.monotonic()
+                itl.observe(now - last_t)
+                last_t = now
+        except (TimeoutError, aiohttp.ClientError, OSError) as e:
+            u.failure()
+            log.warning("upstream %s failed mid-stream: %s", u.url, type(e).__name__)
+            call.status = 502
+            await send({"type": "http.response.body", "more_body": False,
+                        "body": stream_error("the upstream failed mid-stream; the response is incomplete",
+                                             "upstream_failed_mid_stream")})
+            return
+        finally:
+            call.completion_events = events
+        if not saw_done:  # the upstream closed cleanly but early: still tell the user it is incomplete
+            call.status = 502
+            await send({"type": "http.response.body", "more_body": False,
+                        "body": stream_error("the upstream ended the stream early", "upstream_stream_truncated")})
+            return
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+

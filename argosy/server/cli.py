@@ -1,0 +1,104 @@
+"""`argosy engine` (and `python -m argosy.server`): serve one engine over the OpenAI-compatible API."""
+
+from __future__ import annotations
+
+import argparse
+import socket
+from pathlib import Path
+
+import argosy
+
+DEFAULT_MAX_QUEUE = 1024
+DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
+
+
+def builtin_model_path() -> Path:
+    return Path(argosy.__file__).parent / "models" / "builtin"
+
+
+def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default=None,
+                        help="checkpoint folder (config.json, safetensors, tokenizer); default: the built-in model")
+    parser.add_argument("--served-model-name", default=None,
+                        help="the name clients send as `model` (default: the checkpoint folder's name)")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8100, help="0 picks a free port (printed at start)")
+    parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    parser.add_argument("--device", default="auto", help="auto (cuda where present), cpu or cuda[:N]")
+    parser.add_argument("--max-num-seqs", type=int, default=256, help="most sequences in one batch")
+    parser.add_argument("--max-num-batched-tokens", type=int, default=None, help="token budget of one step")
+    parser.add_argument("--kv-cache-memory", type=float, default=None, metavar="GIB",
+                        help="KV cache size in GiB (default: a share of free device memory)")
+    parser.add_argument("--max-model-len", type=int, default=None, help="context length (default: the model's)")
+    parser.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
+    parser.add_argument("--no-prefix-caching", action="store_true", help="turn off automatic prefix caching")
+    parser.add_argument("--scheduling-policy", default="fcfs", choices=["fcfs", "priority"])
+    parser.add_argument("--max-queue", type=int, default=DEFAULT_MAX_QUEUE,
+                        help="waiting requests past which the server answers 503 with Retry-After")
+    parser.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES,
+                        help="largest request body accepted (413 above)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of requests that set none")
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    # Binding here (not in uvicorn) lets --port 0 work and the real port be printed.
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.set_inheritable(True)
+    return sock
+
+
+def run_engine_server(args: argparse.Namespace) -> None:
+    import prometheus_client
+    import uvicorn
+
+    from argosy.engine.config import EngineConfig
+    from argosy.server.app import build_app
+
+    model = Path(args.model) if args.model else builtin_model_path()
+    if not (model / "config.json").is_file():
+        raise SystemExit(f"argosy engine: no checkpoint at {model} (config.json missing)")
+    if args.max_queue < 1:
+        raise SystemExit("argosy engine: --max-queue must be at least 1")
+    try:
+        config = EngineConfig(
+            model=str(model), dtype=args.dtype, device=args.device, block_size=args.block_size,
+            kv_cache_memory_gib=args.kv_cache_memory, max_num_seqs=args.max_num_seqs,
+            max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
+            enable_prefix_caching=not args.no_prefix_caching, scheduling_policy=args.scheduling_policy,
+            seed=args.seed,
+        )
+    except ValueError as exc:
+        raise SystemExit(f"argosy engine: {exc}") from None
+    served = args.served_model_name or model.resolve().name
+
+    def make_engine():  # runs in the engine thread
+        from argosy.engine.llm_engine import LLMEngine
+
+        return LLMEngine(config, served_model_name=served)
+
+    sock = _bind(args.host, args.port)
+    host, port = sock.getsockname()[:2]
+    url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+    failures: list[BaseException] = []
+
+    def on_ready() -> None:
+        print(f"argosy engine: ready, serving {served} at {url}/v1", flush=True)
+
+    def on_failed(exc: BaseException) -> None:
+        failures.append(exc)
+        print(f"argosy engine: loading {model} failed: {type(exc).__name__}: {exc}", flush=True)
+        server.should_exit = True
+
+    prometheus_client.disable_created_metrics()  # no *_created series: vLLM's scrape shape
+    app = build_app(served, make_engine, max_queue=args.max_queue, max_body_bytes=args.max_body_bytes,
+                    on_ready=on_ready, on_failed=on_failed)
+    # No access log: request lines are noise at this rate, and the server never logs prompts anyway.
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on",
+                                           timeout_graceful_shutdown=5))
+    print(f"argosy engine: listening on {url}, loading {served} from {model} ...", flush=True)
+    server.run(sockets=[sock])
+    if failures:
+        raise SystemExit(1)

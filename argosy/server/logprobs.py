@@ -1,0 +1,69 @@
+"""The engine's per-token logprobs in OpenAI's two formats (legacy completions, chat)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from argosy.engine.outputs import Logprob, SampleLogprobs
+
+_FLOOR = -9999.0  # JSON has no -Infinity; vLLM clamps the same way
+
+
+def _value(lp: float) -> float:
+    return lp if math.isfinite(lp) else _FLOOR
+
+
+def _token_str(token_id: int, lp: Logprob, tokenizer: Any) -> str:
+    if lp.decoded_token is not None:
+        return lp.decoded_token
+    return tokenizer.decode([token_id], skip_special_tokens=False)
+
+
+def _ranked(entries: dict[int, Logprob]) -> list[tuple[int, Logprob]]:
+    return sorted(entries.items(), key=lambda item: -item[1].logprob)
+
+
+def completion_logprobs(
+    token_ids: list[int], logprobs: SampleLogprobs, start: int, end: int, text_offset: int, tokenizer: Any
+) -> tuple[dict[str, list[Any]], int]:
+    """Legacy `logprobs` for generated tokens start..end-1, offsets counted from `text_offset`;
+    also returns the offset after the last token."""
+    tokens: list[str] = []
+    token_logprobs: list[float] = []
+    top_logprobs: list[dict[str, float]] = []
+    offsets: list[int] = []
+    for i in range(start, end):
+        token_id, entries = token_ids[i], logprobs[i]
+        sampled = entries.get(token_id)
+        text = _token_str(token_id, sampled, tokenizer) if sampled is not None else tokenizer.decode([token_id])
+        tokens.append(text)
+        token_logprobs.append(_value(sampled.logprob) if sampled is not None else _FLOOR)
+        # OpenAI's top_logprobs hold the top tokens plus the sampled one, keyed by text.
+        top_logprobs.append({_token_str(tid, lp, tokenizer): _value(lp.logprob) for tid, lp in _ranked(entries)})
+        offsets.append(text_offset)
+        text_offset += len(text)
+    block = {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top_logprobs, "text_offset": offsets}
+    return block, text_offset
+
+
+def chat_logprobs(
+    token_ids: list[int], logprobs: SampleLogprobs, start: int, end: int, top_k: int, tokenizer: Any
+) -> list[dict[str, Any]]:
+    """Chat `logprobs.content` entries for generated tokens start..end-1, each with its `top_k`."""
+    content: list[dict[str, Any]] = []
+    for i in range(start, end):
+        token_id, entries = token_ids[i], logprobs[i]
+        sampled = entries.get(token_id)
+        text = _token_str(token_id, sampled, tokenizer) if sampled is not None else tokenizer.decode([token_id])
+        top = []
+        for tid, lp in _ranked(entries)[:top_k]:
+            top_text = _token_str(tid, lp, tokenizer)
+            top.append({"token": top_text, "logprob": _value(lp.logprob), "bytes": list(top_text.encode())})
+        content.append({
+            "token": text,
+            "logprob": _value(sampled.logprob) if sampled is not None else _FLOOR,
+            "bytes": list(text.encode()),
+            "top_logprobs": top,
+        })
+    return content

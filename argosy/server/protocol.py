@@ -1,0 +1,189 @@
+"""Typed reads of a JSON request body, and the sampling fields shared by completions and chat.
+
+A wrong type or range is a 400 naming the field (`param`), as OpenAI answers. `null` means "not given".
+Hand-written rather than pydantic models: the error messages stay OpenAI's, and a request costs a few
+dict lookups.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from starlette.requests import Request
+
+from argosy.engine.sampling_params import SamplingParams, SamplingParamsError
+from argosy.server.errors import APIError
+
+MAX_N = 128  # OpenAI's bound on n
+
+
+async def read_json_body(request: Request, max_bytes: int) -> dict[str, Any]:
+    """The body as a JSON object; 413 past `max_bytes` (checked while reading, not after)."""
+    length = request.headers.get("content-length")
+    if length is not None and length.isdigit() and int(length) > max_bytes:
+        raise APIError(413, f"Request body is over the limit of {max_bytes} bytes.", code="request_too_large")
+    parts: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > max_bytes:
+            raise APIError(413, f"Request body is over the limit of {max_bytes} bytes.", code="request_too_large")
+        parts.append(chunk)
+    try:
+        body = json.loads(b"".join(parts))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise APIError.bad_request(f"The request body is not valid JSON: {exc}.", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise APIError.bad_request("The request body must be a JSON object.", code="invalid_json")
+    return body
+
+
+def _type_name(value: Any) -> str:
+    return "null" if value is None else type(value).__name__
+
+
+class Fields:
+    """Reads fields of one request body with type checks."""
+
+    def __init__(self, body: dict[str, Any]):
+        self.body = body
+
+    def _bad(self, name: str, expected: str) -> APIError:
+        value = self.body.get(name)
+        return APIError.bad_request(f"'{name}' must be {expected}, got {_type_name(value)}.", param=name)
+
+    def get_int(self, name: str, default: int | None = None) -> int | None:
+        value = self.body.get(name)
+        if value is None:
+            return default
+        # JSON 2.0 arrives as float; bool is an int subclass in Python and never a count.
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise self._bad(name, "an integer")
+        return value
+
+    def get_float(self, name: str, default: float | None = None) -> float | None:
+        value = self.body.get(name)
+        if value is None:
+            return default
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise self._bad(name, "a number")
+        return float(value)
+
+    def get_bool(self, name: str, default: bool) -> bool:
+        value = self.body.get(name)
+        if value is None:
+            return default
+        if not isinstance(value, bool):
+            raise self._bad(name, "a boolean")
+        return value
+
+    def get_str(self, name: str, default: str | None = None) -> str | None:
+        value = self.body.get(name)
+        if value is None:
+            return default
+        if not isinstance(value, str):
+            raise self._bad(name, "a string")
+        return value
+
+    def get_dict(self, name: str) -> dict[str, Any] | None:
+        value = self.body.get(name)
+        if value is not None and not isinstance(value, dict):
+            raise self._bad(name, "an object")
+        return value
+
+    def get_str_list(self, name: str) -> list[str]:
+        """A string or a list of strings (`stop`)."""
+        value = self.body.get(name)
+        if value is None:
+            return []
+        if isinstance(value, str):
+            return [value]
+        if isinstance(value, list) and all(isinstance(v, str) for v in value):
+            return value
+        raise self._bad(name, "a string or a list of strings")
+
+    def get_int_list(self, name: str) -> list[int]:
+        value = self.body.get(name)
+        if value is None:
+            return []
+        if isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+            return value
+        raise self._bad(name, "a list of integers")
+
+    def reject_unsupported(self, name: str, why: str) -> None:
+        value = self.body.get(name)
+        if value not in (None, {}, []):
+            raise APIError.bad_request(f"'{name}' is not supported: {why}.", param=name)
+
+
+def check_model(fields: Fields, served_name: str) -> None:
+    """`model` may be left out (vLLM's default); a different name is OpenAI's 404 `model_not_found`."""
+    model = fields.get_str("model")
+    if model is not None and model != served_name:
+        raise APIError(404, f"The model `{model}` does not exist.", param="model", code="model_not_found")
+
+
+def stream_flags(fields: Fields) -> tuple[bool, bool]:
+    """(stream, include_usage); stream_options without stream is an error, as in OpenAI's API."""
+    stream = fields.get_bool("stream", False)
+    options = fields.get_dict("stream_options")
+    if options is not None and not stream:
+        raise APIError.bad_request("'stream_options' is only allowed when 'stream' is true.", "stream_options")
+    include_usage = False
+    if options:
+        value = options.get("include_usage")
+        if value is not None and not isinstance(value, bool):
+            raise APIError.bad_request("'stream_options.include_usage' must be a boolean.", "stream_options")
+        include_usage = bool(value)
+    return stream, include_usage
+
+
+def sampling_params(fields: Fields, *, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
+    """The sampling fields both endpoints share (OpenAI's and vLLM's extras) as SamplingParams."""
+    if max_tokens is not None and max_tokens < 1:
+        raise APIError.bad_request(f"max_tokens must be at least 1, got {max_tokens}.", "max_tokens")
+    n = fields.get_int("n", 1)
+    assert n is not None
+    if not 1 <= n <= MAX_N:
+        raise APIError.bad_request(f"n must be between 1 and {MAX_N}, got {n}.", "n")
+    best_of = fields.get_int("best_of")
+    if best_of is not None and best_of != n:
+        raise APIError.bad_request("best_of other than n is not supported.", "best_of")
+    fields.reject_unsupported("logit_bias", "this server samples without token biases")
+    top_k = fields.get_int("top_k", 0)
+    try:
+        return SamplingParams(
+            n=n,
+            temperature=fields.get_float("temperature", 1.0),
+            top_p=fields.get_float("top_p", 1.0),
+            top_k=top_k,
+            min_p=fields.get_float("min_p", 0.0),
+            seed=fields.get_int("seed"),
+            presence_penalty=fields.get_float("presence_penalty", 0.0),
+            frequency_penalty=fields.get_float("frequency_penalty", 0.0),
+            repetition_penalty=fields.get_float("repetition_penalty", 1.0),
+            stop=fields.get_str_list("stop"),
+            stop_token_ids=fields.get_int_list("stop_token_ids"),
+            max_tokens=max_tokens,
+            min_tokens=fields.get_int("min_tokens", 0),
+            ignore_eos=fields.get_bool("ignore_eos", False),
+            logprobs=logprobs,
+            skip_special_tokens=fields.get_bool("skip_special_tokens", True),
+            include_stop_str_in_output=fields.get_bool("include_stop_str_in_output", False),
+        )
+    except SamplingParamsError as exc:
+        raise APIError.from_invalid(exc) from None
+
+
+def scheduling_fields(fields: Fields) -> tuple[int, str | None]:
+    """vLLM's `priority` (lower runs first under the priority policy) and `cache_salt`."""
+    priority = fields.get_int("priority", 0)
+    cache_salt = fields.get_str("cache_salt")
+    if cache_salt == "":
+        raise APIError.bad_request("'cache_salt' must be a non-empty string.", "cache_salt")
+    fields.get_str("user")  # accepted and unused: OpenAI clients send it for abuse tracking
+    assert priority is not None
+    return priority, cache_salt

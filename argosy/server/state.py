@@ -1,0 +1,75 @@
+"""What every handler shares: the engine, admission control, ids and JSON bodies."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from starlette.responses import Response
+
+from argosy.engine.errors import InvalidRequestError
+from argosy.engine.outputs import RequestOutput
+from argosy.server.async_engine import AsyncEngine, EngineRequest, EngineStepError, RequestGroup
+from argosy.server.errors import APIError
+from argosy.server.metrics import ServerMetrics
+
+
+def dumps(obj: Any) -> str:
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
+
+
+def json_response(obj: Any, status: int = 200) -> Response:
+    return Response(dumps(obj).encode(), status_code=status, media_type="application/json")
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def usage(finals: list[RequestOutput]) -> dict[str, Any]:
+    """OpenAI's usage: each prompt counted once (not n times), every completion's tokens."""
+    prompt = sum(len(out.prompt_token_ids) for out in finals)
+    completion = sum(len(c.token_ids) for out in finals for c in out.outputs)
+    cached = sum(out.num_cached_tokens for out in finals)
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": cached},
+    }
+
+
+@dataclass
+class ServerState:
+    served_model_name: str
+    engine: AsyncEngine
+    metrics: ServerMetrics
+    max_queue: int
+    max_body_bytes: int
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    def check_ready(self) -> None:
+        if self.engine.failed is not None or not self.engine.alive():
+            raise APIError(503, "The engine is not running.", code="engine_dead")
+        if not self.engine.ready:
+            raise APIError(503, "The model is still loading.", code="not_ready", headers={"Retry-After": "5"})
+
+    @property
+    def tokenizer(self) -> Any:
+        self.check_ready()
+        return self.engine.tokenizer
+
+    async def submit(self, requests: list[EngineRequest], arrival: float) -> RequestGroup:
+        """Admission (503 past --max-queue waiting requests), then the engine's own validation (400)."""
+        self.check_ready()
+        if self.engine.num_waiting() + len(requests) > self.max_queue:
+            raise APIError.overloaded(f"The server is overloaded ({self.max_queue} requests waiting); retry later.")
+        try:
+            return await self.engine.add(requests, arrival)
+        except InvalidRequestError as exc:
+            raise APIError.from_invalid(exc) from None
+        except EngineStepError as exc:
+            raise APIError(500, str(exc), code="engine_error") from None
