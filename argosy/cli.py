@@ -31,18 +31,25 @@ def engine_config_from_args(args: argparse.Namespace, model: str):
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from argosy.engine.llm_engine import LLMEngine
     from argosy.engine.sampling_params import SamplingParams
 
-    engine = LLMEngine(engine_config_from_args(args, args.model or str(BUILTIN_MODEL)))
-    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
-                            top_k=args.top_k, seed=args.seed_sampling, stop=args.stop or None)
-    prompt = args.prompt
-    if args.chat:
-        tok = engine.tokenizer
-        prompt = tok.encode(tok.apply_chat_template([{"role": "user", "content": args.prompt}]),
-                            add_special_tokens=False)
-    engine.add_request("0", prompt, params)
+    try:  # a bad model folder, flag or prompt: one line, no traceback
+        # Flags first: a bad one is reported before the model loads.
+        params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
+                                top_k=args.top_k, seed=args.seed_sampling, stop=args.stop or None)
+        config = engine_config_from_args(args, args.model or str(BUILTIN_MODEL))
+        from argosy.engine.llm_engine import LLMEngine
+
+        engine = LLMEngine(config)
+        prompt = args.prompt
+        if args.chat:
+            tok = engine.tokenizer
+            prompt = tok.encode(tok.apply_chat_template([{"role": "user", "content": args.prompt}]),
+                                add_special_tokens=False)
+        engine.add_request("0", prompt, params)
+    except (FileNotFoundError, ValueError) as e:  # CheckpointError and InvalidRequestError are ValueErrors
+        sys.stderr.write(f"argosy generate: error: {e}\n")
+        return 2
     shown = 0
     if not args.chat:
         sys.stdout.write(args.prompt)
@@ -92,17 +99,21 @@ def main(argv: list[str] | None = None) -> int:
     m.add_argument("--seed", type=int, default=0)
     m.set_defaults(func=cmd_make_test_model)
 
-    try:
-        from argosy.server.cli import add_engine_arguments, run_engine_server
-    except ImportError:
-        pass
-    else:
-        e = sub.add_parser("engine", help="serve one engine over the OpenAI-compatible HTTP API")
-        add_engine_arguments(e)
-        e.set_defaults(func=run_engine_server)
-        s = sub.add_parser("serve", help="serve the built-in model (or --model) on 127.0.0.1:8000")
-        add_engine_arguments(s)
-        s.set_defaults(func=run_engine_server, port_default=8000)
+    from argosy.gateway.cli import add_gateway_arguments, add_keys_arguments, run_gateway, run_keys
+    from argosy.server.cli import add_engine_arguments, run_engine_server
+
+    e = sub.add_parser("engine", help="serve one engine over the OpenAI-compatible HTTP API (port 8100)")
+    add_engine_arguments(e)
+    e.set_defaults(func=run_engine_server)
+    s = sub.add_parser("serve", help="serve the built-in model (or --model) on 127.0.0.1:8000")
+    add_engine_arguments(s)
+    s.set_defaults(func=run_engine_server, port_default=8000)
+    gw = sub.add_parser("gateway", help="the gateway: routing, admission control, keys, limits, guardrails")
+    add_gateway_arguments(gw)
+    gw.set_defaults(func=run_gateway)
+    k = sub.add_parser("keys", help="manage API keys in a fleet file (stored hashed)")
+    add_keys_arguments(k)
+    k.set_defaults(func=run_keys)
 
     args = parser.parse_args(argv)
     try:

@@ -123,7 +123,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(torch.get_num_threads())
     path = checkpoint(args.size)
-    vocab = 8192
+    vocab = 900  # prompt ids drawn from the trained tokenizer's ids; the LM head stays 8192 wide
     work = workload(args.num_requests, (32, 512), (32, 256), vocab, seed=0)
     print(f"checkpoint: {path} ({param_count(path) / 1e6:.1f}M parameters, float32), "
           f"{args.num_requests} requests, prompts 32-512 tokens, outputs 32-256 tokens, seed 0, "

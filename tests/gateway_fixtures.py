@@ -199,6 +199,7 @@ def main() -> None:
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", args.port))
+    sock.listen(2048)  # before announcing the port: connections wait in the backlog until uvicorn runs
     print(f"PORT {sock.getsockname()[1]}", flush=True)
     cfg = uvicorn.Config(Upstream(args), log_level="warning", access_log=False, lifespan="off")
     uvicorn.Server(cfg).run(sockets=[sock])
@@ -240,7 +241,7 @@ class Proc:
                 f.close()
 
 
-def _wait_line(p: subprocess.Popen, prefix: str, timeout: float = 30) -> str:
+def _wait_line(p: subprocess.Popen, prefix: str, timeout: float = 90) -> str:
     deadline = time.monotonic() + timeout
     assert p.stdout is not None
     while time.monotonic() < deadline:

@@ -27,7 +27,8 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    """One engine server; `stop()` (or the context manager) ends it and everything it started."""
+    """One engine server; `stop()` (or the context manager) ends it and everything it started.
+    `extra` flags come last, so they override the defaults here (e.g. "--kv-cache-memory", "1")."""
 
     def __init__(self, model: str, *extra: str, served_name: str = MODEL_NAME, timeout_s: float = 180.0):
         self.port = free_port()

@@ -13,7 +13,7 @@ from argosy.gateway.health import OPEN, Upstream, parse_gauges
 from argosy.gateway.keys import KeyRecord, KeyStore, new_key, verify
 from argosy.gateway.prefix_index import PrefixIndex, prefix_hashes
 from argosy.gateway.ratelimit import MemoryLimiter
-from argosy.gateway.router import RouteRequest, Router
+from argosy.gateway.router import Router, RouteRequest
 
 
 def ups(n):

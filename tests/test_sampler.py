@@ -50,6 +50,16 @@ def test_greedy_is_argmax_in_any_dtype():
     assert out.logprobs == [None] * 8 and out.sampled_logprobs == [None] * 8
 
 
+def test_greedy_rows_stay_argmax_in_a_mixed_batch():
+    torch.manual_seed(9)
+    logits = torch.randn(6, V)
+    seqs = [make_seq(temperature=0.0), make_seq(seed=5), make_seq(temperature=0.0, logprobs=2),
+            make_seq(top_p=0.5), make_seq(temperature=0.0, min_tokens=0), make_seq(repetition_penalty=1.3)]
+    tokens = Sampler(V, {EOS})(logits, seqs).token_ids
+    for i in (0, 2, 4):
+        assert tokens[i] == logits[i].argmax().item()
+
+
 def test_top_k_1_is_greedy():
     torch.manual_seed(1)
     logits = torch.randn(16, V)
@@ -90,7 +100,7 @@ def ref_penalties(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
 
 def test_penalties_match_their_definitions():
     torch.manual_seed(2)
-    logits = torch.randn(5, V) * 3
+    logits = torch.randn(7, V) * 3
     seqs = [
         make_seq(prompt=[1, 2, 2, 30], outputs=[5, 5, 5, 1, 8], repetition_penalty=1.7),
         make_seq(prompt=[1, 2], outputs=[5, 5, 5, 1, 8], presence_penalty=1.5),
@@ -98,6 +108,8 @@ def test_penalties_match_their_definitions():
         make_seq(prompt=[0, 39], outputs=[], repetition_penalty=0.6, presence_penalty=-1.0, frequency_penalty=2.0),
         make_seq(prompt=list(range(20)), outputs=[21, 21, 20, 3], repetition_penalty=1.2,
                  presence_penalty=0.5, frequency_penalty=-0.5),
+        make_seq(prompt=[V + 3, V], outputs=[], repetition_penalty=3.0, presence_penalty=1.0),  # out-of-vocab prompt
+        make_seq(prompt=[V + 1, 7, 7, V + 9], outputs=[7, 0], repetition_penalty=0.5, presence_penalty=2.0),
     ]
     got = apply_penalties(logits.clone(), seqs)
     torch.testing.assert_close(got, ref_penalties(logits, seqs))

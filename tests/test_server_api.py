@@ -150,7 +150,7 @@ def test_echo_and_logprobs(client, offline):
     assert "".join(lp.tokens) == r.choices[0].text
     assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(12)]
     for token, logprob, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs, strict=True):
-        assert logprob <= 0 and 2 <= len(top) <= 3
+        assert logprob <= 0 and 1 <= len(top) <= 3  # keyed by text: tokens with the same text share a key
         assert logprob == pytest.approx(max(top.values()))  # greedy picks the most likely token
         assert token in top
 

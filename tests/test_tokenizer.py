@@ -10,7 +10,8 @@ import pytest
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers, processors, trainers
 
-from argosy.engine.tokenizer import Tokenizer, build_test_tokenizer
+from argosy.engine.bpe_builder import build_test_tokenizer
+from argosy.engine.tokenizer import Tokenizer
 
 CORPUS = [
     "Tokenizers split text into pieces. Byte-level BPE starts from the 256 bytes and merges frequent pairs.",
@@ -186,6 +187,7 @@ def test_sentencepiece_matches_reference(spm_folder):
         assert tok.encode(text, add_special_tokens=False) == sp.encode(text)
         assert tok.decode(tok.encode(text)) == sp.decode(sp.encode(text))
     assert tok.bos_token_id == 1 and tok.eos_token_ids == {2} and tok.vocab_size == sp.get_piece_size()
+    assert tok.decode([*tok.encode("Hello"), tok.vocab_size + 3]) == "Hello"  # ids past the vocab: nothing
     assert {0, 1, 2} <= tok.all_special_ids
 
 
@@ -207,7 +209,6 @@ def test_sentencepiece_missing_gives_install_hint(spm_folder, monkeypatch):
 
 def test_build_test_tokenizer_loads_like_transformers(tmp_path):
     folder = build_test_tokenizer(tmp_path / "tok", vocab_size=400)
-    assert not (folder / "special_tokens_map.json").exists()
     ours, theirs = Tokenizer.from_pretrained(folder), _auto(folder)
     for text in [*STRINGS, "<|im_start|>user\nhi<|im_end|>\n"]:
         assert ours.encode(text) == theirs.encode(text), text

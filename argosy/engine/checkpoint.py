@@ -13,6 +13,9 @@ from safetensors import safe_open
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 
 
+_REQUIRED_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
+
+
 class CheckpointError(ValueError):
     """The checkpoint folder is missing a file or describes a model this engine cannot run."""
 
@@ -48,7 +51,10 @@ def load_model_config(folder: str | Path) -> ModelConfig:
     path = folder / "config.json"
     if not path.exists():
         raise CheckpointError(f"{folder} has no config.json: not a Hugging Face checkpoint folder")
-    cfg = json.loads(path.read_text())
+    try:
+        cfg = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{path} is not valid JSON: {e}") from None
     archs = cfg.get("architectures") or []
     arch = next((a for a in archs if a in SUPPORTED_ARCHITECTURES), None)
     if arch is None:
@@ -56,6 +62,9 @@ def load_model_config(folder: str | Path) -> ModelConfig:
             f"unsupported architecture {archs or cfg.get('model_type')!r} in {path}; "
             f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
         )
+    missing = [k for k in _REQUIRED_KEYS if k not in cfg]
+    if missing:
+        raise CheckpointError(f"{path} lacks {', '.join(missing)}")
     num_heads = cfg["num_attention_heads"]
     hidden = cfg["hidden_size"]
     # transformers 5 writes rope settings as `rope_parameters`; older checkpoints use

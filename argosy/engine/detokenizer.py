@@ -16,18 +16,17 @@ if TYPE_CHECKING:
     from argosy.engine.tokenizer import Tokenizer
 
 _PROMPT_CONTEXT = 5  # prompt tokens decoded as context for the first output token, as vLLM does
-_MAX_HELD_CHARS = 3  # an unfinished UTF-8 character is at most 3 bytes: at most 3 U+FFFD under any decoder
-# A run of invalid bytes never completes; past this many tokens without a whole character, slide the window
+# A run of invalid bytes never completes. Past this many tokens without a whole character (a real one spans at
+# most 4), release all but the last 3 U+FFFD (as many as a partial character can produce) and slide the window
 # anyway, so that a model emitting garbage still costs O(1) per token.
 _MAX_PENDING_TOKENS = 8
+_MAX_PARTIAL_CHARS = 3
 
 
-def _held_chars(text: str) -> int:
-    """How many trailing characters might still change: U+FFFD standing for a partial UTF-8 sequence."""
-    n = 0
-    while n < _MAX_HELD_CHARS and n < len(text) and text[-1 - n] == "\ufffd":
-        n += 1
-    return n
+def _trailing_replacements(text: str) -> int:
+    # ByteFallback decoders replace a whole run of byte tokens with one U+FFFD per byte while it is not valid
+    # UTF-8, so a partial character can turn more than its own bytes into U+FFFD: hold the whole run back.
+    return len(text) - len(text.rstrip("\ufffd"))
 
 
 class IncrementalDetokenizer:
@@ -39,8 +38,9 @@ class IncrementalDetokenizer:
     `tokenizer.decode(output_token_ids, skip_special_tokens)` except in three documented cases: a tokenizer whose
     decoder strips the first token's leading space (sentencepiece/Metaspace: here the first output token keeps
     its space, since the prompt precedes it, as in vLLM); a prompt ending inside a UTF-8 character (the
-    completed character is output); and ByteFallback decoders given invalid bytes (they replace the whole byte
-    run with U+FFFD, a non-local rule a window cannot reproduce).
+    completed character is output); and invalid UTF-8 under a ByteFallback decoder (Llama-2 style), which turns
+    a whole run of byte tokens into U+FFFD when any of it is invalid, a rule no window can reproduce.
+    Stop token ids and EOS are the engine's: it passes stop_terminated=True with the token that ends the sequence.
     """
 
     def __init__(self, tokenizer: Tokenizer, prompt_token_ids: list[int], params: SamplingParams):
@@ -60,7 +60,8 @@ class IncrementalDetokenizer:
         self._prefix = 0  # the window is _ids[_prefix:]
         self._read = len(context)  # window tokens before _read are context only
         text = self._decode_window()
-        self._emitted = len(text) - _held_chars(text)  # chars of the window's text already accounted for
+        # Chars of the window's text already accounted for; a character the prompt leaves unfinished is output.
+        self._emitted = len(text) - min(_trailing_replacements(text), _MAX_PARTIAL_CHARS)
 
         self.output_text = ""
         self.finished = False
@@ -129,15 +130,17 @@ class IncrementalDetokenizer:
     def _next_text(self, final: bool) -> str:
         """The text the window gained, less trailing partial characters unless final."""
         text = self._decode_window()
-        held = 0 if final else _held_chars(text)
+        held = 0 if final else _trailing_replacements(text)
+        stalled = held > 0 and len(self._ids) - self._read > _MAX_PENDING_TOKENS
+        if stalled:
+            held = min(held, _MAX_PARTIAL_CHARS)
         end = len(text) - held
         new = text[self._emitted:end]
         self._emitted = max(self._emitted, end)
-        if held == 0 or len(self._ids) - self._read > _MAX_PENDING_TOKENS:
+        if held == 0 or stalled:
             # Slide the window: the tokens just turned into text become the context of the next ones.
             self._prefix, self._read = self._read, len(self._ids)
-            window = self._decode_window()
-            self._emitted = len(window) - held
+            self._emitted = len(self._decode_window()) - held
         return new
 
     def _check_stop(self, check_from: int) -> str | None:

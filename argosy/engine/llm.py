@@ -32,6 +32,16 @@ class LLM:
         self.engine = LLMEngine(EngineConfig(model=model, **kwargs))
         self._ids = itertools.count()
 
+    def close(self) -> None:
+        """Stops the worker processes of a parallel engine; they are also stopped at interpreter exit."""
+        self.engine.close()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     def get_tokenizer(self):
         return self.engine.tokenizer
 
@@ -47,13 +57,20 @@ class LLM:
             params_list = list(sampling_params)
             if len(params_list) != len(prompts):
                 raise ValueError("sampling_params must be one object or one per prompt")
+        if priority is not None and len(priority) != len(prompts):
+            raise ValueError("priority must hold one value per prompt")
         order: dict[str, int] = {}
-        for i, (prompt, params) in enumerate(zip(prompts, params_list, strict=True)):
-            if isinstance(prompt, dict):
-                prompt = prompt.get("prompt_token_ids") or prompt["prompt"]
-            rid = str(next(self._ids))
-            order[rid] = i
-            self.engine.add_request(rid, prompt, params, priority=priority[i] if priority else 0)
+        try:
+            for i, (prompt, params) in enumerate(zip(prompts, params_list, strict=True)):
+                if isinstance(prompt, dict):
+                    prompt = prompt["prompt_token_ids"] if "prompt_token_ids" in prompt else prompt["prompt"]
+                rid = str(next(self._ids))
+                self.engine.add_request(rid, prompt, params, priority=priority[i] if priority else 0, final_only=True)
+                order[rid] = i
+        except Exception:
+            for rid in order:  # one bad prompt rejects the call: the ones already queued must not linger
+                self.engine.abort_request(rid)
+            raise
         return self._run(order, use_tqdm)
 
     def chat(self, messages: list[dict] | list[list[dict]], sampling_params: SamplingParams | None = None,

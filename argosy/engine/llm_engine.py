@@ -7,6 +7,7 @@ from pathlib import Path
 
 import torch
 
+from argosy.engine.checkpoint import load_model_config
 from argosy.engine.config import EngineConfig
 from argosy.engine.detokenizer import IncrementalDetokenizer
 from argosy.engine.errors import InvalidRequestError
@@ -24,8 +25,14 @@ class LLMEngine:
     def __init__(self, config: EngineConfig, served_model_name: str | None = None):
         self.config = config
         self.model_name = served_model_name or Path(config.model).name
+        load_model_config(config.model)  # a missing folder or config.json is named before the tokenizer is read
         self.tokenizer = Tokenizer.from_pretrained(config.model)
-        self.runner = ModelRunner(config)
+        if config.tensor_parallel_size * config.pipeline_parallel_size == 1:
+            self.runner = ModelRunner(config)
+        else:  # the same interface; other processes run the other shards
+            from argosy.engine.parallel.executor import ParallelExecutor
+
+            self.runner = ParallelExecutor(config)
         mc = self.runner.model_config
         limit = min(x for x in (mc.max_position_embeddings, mc.sliding_window) if x)
         self.max_model_len = min(config.max_model_len or limit, limit)
@@ -37,10 +44,13 @@ class LLMEngine:
         self.sampler = Sampler(self.vocab_size, self.eos_token_ids, seed=config.seed)
         self.requests: dict[str, list[Sequence]] = {}
         self.prompts: dict[str, str | None] = {}
+        self.final_only: set[str] = set()
 
     # -- requests -------------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams | None = None,
-                    priority: int = 0, cache_salt: str | None = None, arrival_time: float | None = None) -> None:
+                    priority: int = 0, cache_salt: str | None = None, arrival_time: float | None = None,
+                    final_only: bool = False) -> None:
+        """Queues a request. final_only: step() reports it only when it finishes (no streaming)."""
         params = params or SamplingParams()
         if request_id in self.requests:
             raise InvalidRequestError(f"request id {request_id!r} is already running", "request_id")
@@ -75,12 +85,17 @@ class LLMEngine:
             seqs.append(seq)
         self.requests[request_id] = seqs
         self.prompts[request_id] = prompt if isinstance(prompt, str) else None
+        if final_only:
+            self.final_only.add(request_id)
         for seq in seqs:
             self.scheduler.add(seq)
 
     def _tokenize(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, str):
             token_ids = self.tokenizer.encode(prompt)
+        elif not isinstance(prompt, list | tuple):
+            raise InvalidRequestError(
+                f"the prompt must be a string or a list of token ids, not {type(prompt).__name__}", "prompt")
         else:
             token_ids = list(prompt)
             bad = [t for t in token_ids if not isinstance(t, int) or isinstance(t, bool)
@@ -97,6 +112,7 @@ class LLMEngine:
             if not seq.finished:
                 self.scheduler.finish(seq, SequenceStatus.FINISHED_ABORTED)
         self.prompts.pop(request_id, None)
+        self.final_only.discard(request_id)
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
@@ -106,6 +122,7 @@ class LLMEngine:
         out = self.scheduler.schedule()
         if not out.scheduled:
             return []
+        start = time.monotonic()
         batch = self.runner.prepare(out.scheduled)
         logits = self.runner.execute(batch)
         now = time.monotonic()
@@ -113,13 +130,15 @@ class LLMEngine:
         for seq, n in out.scheduled:
             seq.num_computed_tokens += n
             if seq.first_scheduled_time is None:
-                seq.first_scheduled_time = now
+                seq.first_scheduled_time = start
         if batch.sampling_seqs:
             sampled = self.sampler(logits, batch.sampling_seqs)
             for i, seq in enumerate(batch.sampling_seqs):
                 self._append(seq, sampled.token_ids[i], sampled.logprobs[i], sampled.sampled_logprobs[i], now)
                 touched[seq.request_id] = None
-        return [self._output(rid, now) for rid in touched]
+        final_only = self.final_only
+        return [self._output(rid, now) for rid in touched
+                if rid not in final_only or all(s.finished for s in self.requests[rid])]
 
     def _append(self, seq: Sequence, token: int, logprobs, sampled_logprob, now: float) -> None:
         seq.append_token(token)
@@ -173,9 +192,16 @@ class LLMEngine:
         if finished:
             metrics["finished_time"] = now
             del self.requests[request_id]
+            self.final_only.discard(request_id)
         prompt = self.prompts.pop(request_id, None) if finished else self.prompts.get(request_id)
         return RequestOutput(request_id, prompt, first.prompt_token_ids, outputs, finished,
                              num_cached_tokens=first.num_cached_tokens, metrics=metrics)
+
+    def close(self) -> None:
+        """Stops the worker processes of a parallel engine (a no-op for one process)."""
+        close = getattr(self.runner, "close", None)
+        if close is not None:
+            close()
 
     def stats(self) -> dict:
         return {

@@ -32,28 +32,35 @@ def apply_min_tokens(logits: torch.Tensor, seqs: Seq[Sequence], eos_token_ids: s
         logits[torch.tensor(rows, device=device), torch.tensor(cols, device=device)] = float("-inf")
 
 
-def _padded_ids(id_lists: Seq[list[int]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+def _padded_ids(id_lists: Seq[list[int]], vocab_size: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """Token ids padded to one width, and a mask of the real entries.
 
     The padding repeats the row's first id: a gather/scatter_ pair then writes that token's new value twice,
     which is harmless, so no extra vocab column is needed. An empty row is padded with id 0; callers make
-    its update a no-op.
+    its update a no-op. Ids outside the vocab (only a raw prompt can hold them) are left out: on a GPU an
+    out-of-range gather is a device-side assert, not an exception.
     """
     width = max(1, max((len(ids) for ids in id_lists), default=0))
     padded = np.zeros((len(id_lists), width), dtype=np.int64)
     real = np.zeros((len(id_lists), width), dtype=np.bool_)
+
+    def fill(i: int, ids: list[int]) -> None:
+        padded[i], real[i] = ids[0] if ids else 0, False
+        padded[i, : len(ids)] = ids
+        real[i, : len(ids)] = True
+
     for i, ids in enumerate(id_lists):
-        if ids:
-            padded[i, : len(ids)] = ids
-            padded[i, len(ids):] = ids[0]
-            real[i, : len(ids)] = True
+        fill(i, ids)
+    bad = (padded < 0) | (padded >= vocab_size)
+    for i in np.flatnonzero(bad.any(axis=1)):  # rare: refill those rows with their in-vocab ids only
+        fill(i, [t for t in id_lists[i] if 0 <= t < vocab_size])
     return torch.from_numpy(padded).to(device), torch.from_numpy(real).to(device)
 
 
-def _row_param(values: list[float], present: list[bool], neutral: float, device: torch.device) -> torch.Tensor:
-    """`[rows, 1]` float32 parameter, neutral where a row has no tokens to penalize."""
-    return torch.tensor([v if ok else neutral for v, ok in zip(values, present, strict=True)],
-                        dtype=torch.float32, device=device).unsqueeze(1)
+def _row_param(values: list[float], real: torch.Tensor, neutral: float) -> torch.Tensor:
+    """`[rows, 1]` float32 parameter, neutral where a row has no token to penalize (its padding is a stand-in)."""
+    t = torch.tensor(values, dtype=torch.float32, device=real.device).unsqueeze(1)
+    return torch.where(real.any(dim=1, keepdim=True), t, neutral)
 
 
 def apply_penalties(logits: torch.Tensor, seqs: Seq[Sequence]) -> torch.Tensor:
@@ -67,22 +74,22 @@ def apply_penalties(logits: torch.Tensor, seqs: Seq[Sequence]) -> torch.Tensor:
     params = [s.params for s in seqs]
     rep = [p.repetition_penalty for p in params]
     if any(r != 1.0 for r in rep):
-        ids, _ = _padded_ids([s.token_ids for s in seqs], device)
-        r = _row_param(rep, [s.num_tokens > 0 for s in seqs], 1.0, device)
+        ids, real = _padded_ids([s.token_ids for s in seqs], logits.shape[-1], device)
+        r = _row_param(rep, real, 1.0)
         seen = logits.gather(1, ids)
         logits.scatter_(1, ids, torch.where(seen > 0, seen / r, seen * r))
     freq = [p.frequency_penalty for p in params]
     pres = [p.presence_penalty for p in params]
     if not (any(freq) or any(pres)):
         return logits
-    ids, real = _padded_ids([s.output_token_ids for s in seqs], device)
+    ids, real = _padded_ids([s.output_token_ids for s in seqs], logits.shape[-1], device)
     if any(freq):
         # Each occurrence subtracts the penalty once: count * frequency. Padding adds 0.
         f = torch.tensor(freq, dtype=torch.float32, device=device).unsqueeze(1)
         logits.scatter_add_(1, ids, -f * real)
     if any(pres):
         # Repeats of a token gather and write the same value, so each distinct token is hit once.
-        pr = _row_param(pres, [s.num_output_tokens > 0 for s in seqs], 0.0, device)
+        pr = _row_param(pres, real, 0.0)
         logits.scatter_(1, ids, logits.gather(1, ids) - pr)
     return logits
 

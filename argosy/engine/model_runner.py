@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from argosy.engine.attention import AttentionMetadata, PrefillChunk
+from argosy.engine.attention import AttentionMetadata, DecodeGroup, PrefillChunk
 from argosy.engine.checkpoint import ModelConfig, iter_weights, load_model_config
 from argosy.engine.config import DTYPES, EngineConfig
 from argosy.engine.models.llama import LlamaForCausalLM, rope_inv_freq
@@ -16,7 +16,7 @@ from argosy.engine.sequence import Sequence
 logger = logging.getLogger(__name__)
 
 GIB = 1 << 30
-CPU_DEFAULT_KV_GIB = 2.0
+CPU_DEFAULT_KV_GIB = 2.0  # on the CPU: this, or a quarter of the available RAM if less
 
 
 def resolve_dtype(config: EngineConfig, model_cfg: ModelConfig, device: torch.device) -> torch.dtype:
@@ -25,6 +25,18 @@ def resolve_dtype(config: EngineConfig, model_cfg: ModelConfig, device: torch.de
     if device.type == "cpu":
         return torch.float32  # half-precision matmuls on most CPUs are slower than float32
     return DTYPES.get(str(model_cfg.torch_dtype), torch.bfloat16)
+
+
+def available_memory() -> float:
+    """Bytes of RAM still available (Linux); a large number where it cannot be read."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return float("inf")
 
 
 @dataclass
@@ -68,7 +80,7 @@ class ModelRunner:
             used = total - free
             budget = self.config.gpu_memory_utilization * total - used
         else:
-            budget = CPU_DEFAULT_KV_GIB * GIB
+            budget = min(CPU_DEFAULT_KV_GIB * GIB, 0.25 * available_memory())
         num_blocks = int(budget // self.kv_bytes_per_block())
         if num_blocks < 2:
             raise ValueError(
@@ -80,7 +92,8 @@ class ModelRunner:
     def prepare(self, scheduled: list[tuple[Sequence, int]]) -> BatchInputs:
         bs = self.block_size
         # Decodes (one token) first, so attention can batch them in one call.
-        decodes = [(s, n) for s, n in scheduled if n == 1]
+        # Decodes sorted by context length, so that the groups attention batches waste little padding.
+        decodes = sorted(((s, n) for s, n in scheduled if n == 1), key=lambda x: x[0].num_computed_tokens)
         prefills = [(s, n) for s, n in scheduled if n > 1]
         input_ids: list[int] = []
         positions: list[int] = []
@@ -106,29 +119,18 @@ class ModelRunner:
             q_start = len(input_ids)
             input_ids.extend(seq.token_ids[start:end])
             positions.extend(range(start, end))
-            table = torch.tensor(seq.block_ids[: (end + bs - 1) // bs], dtype=torch.long)
-            seq_slots = (table.unsqueeze(1) * bs + torch.arange(bs)).view(-1)[:end]
-            slots.extend(seq_slots[start:end].tolist())
-            ctx_slots = seq_slots.to(self.device) if start > 0 else None
-            chunks.append(PrefillChunk(q_start, n, end, ctx_slots))
+            ids = seq.block_ids
+            slots.extend(ids[p // bs] * bs + p % bs for p in range(start, end))
+            table = torch.tensor(ids[: (end + bs - 1) // bs], dtype=torch.long, device=self.device) if start else None
+            chunks.append(PrefillChunk(q_start, n, end, table))
             if end == seq.num_tokens:
                 sample_rows.append(len(input_ids) - 1)
                 sampling_seqs.append(seq)
         dev = self.device
-        decode_slots = decode_mask = None
-        if decodes:
-            max_blocks = max(len(t) for t in decode_tables)
-            table = torch.tensor([t + [0] * (max_blocks - len(t)) for t in decode_tables], dtype=torch.long)
-            max_len = max(decode_lens)
-            decode_slots = (table.unsqueeze(-1) * bs + torch.arange(bs)).view(len(decodes), -1)[:, :max_len]
-            lens = torch.tensor(decode_lens)
-            decode_mask = (torch.arange(max_len).unsqueeze(0) < lens.unsqueeze(1)).view(len(decodes), 1, 1, max_len)
-            decode_slots, decode_mask = decode_slots.to(dev), decode_mask.to(dev)
+        groups = self._decode_groups(decode_tables, decode_lens)
         meta = AttentionMetadata(
             slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev),
-            num_decodes=len(decodes),
-            decode_slots=decode_slots,
-            decode_mask=decode_mask,
+            decode_groups=groups,
             prefills=chunks,
         )
         return BatchInputs(
@@ -138,6 +140,22 @@ class ModelRunner:
             sample_indices=torch.tensor(sample_rows, dtype=torch.long, device=dev),
             sampling_seqs=sampling_seqs,
         )
+
+    def _decode_groups(self, tables: list[list[int]], lens: list[int]) -> list[DecodeGroup]:
+        """Splits the (length-sorted) decodes where padding to the group's longest would waste > 25%."""
+        groups, bs, start = [], self.block_size, 0
+        while start < len(tables):
+            end, used = start + 1, len(tables[start])
+            while end < len(tables) and (end - start + 1) * len(tables[end]) <= 1.25 * (used + len(tables[end])):
+                used += len(tables[end])
+                end += 1
+            width = len(tables[end - 1])
+            table = torch.tensor([t + [0] * (width - len(t)) for t in tables[start:end]], dtype=torch.long)
+            mask = torch.arange(width * bs).unsqueeze(0) < torch.tensor(lens[start:end]).unsqueeze(1)
+            groups.append(DecodeGroup(start, end - start, table.to(self.device),
+                                      mask.view(end - start, 1, 1, width * bs).to(self.device)))
+            start = end
+        return groups
 
     @torch.inference_mode()
     def execute(self, batch: BatchInputs) -> torch.Tensor:

@@ -22,7 +22,7 @@ PRESETS = {
     "small": dict(hidden_size=384, intermediate_size=1024, num_hidden_layers=6, num_attention_heads=6,
                   num_key_value_heads=2),
     "125m": dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12,
-                 num_key_value_heads=4),
+                 num_key_value_heads=12),
 }
 
 
@@ -43,7 +43,8 @@ def make_random_model(
     `init_std` is the weights' standard deviation; tests raise it so that greedy choices are not
     near-ties that float rounding could flip.
     """
-    from argosy.engine.tokenizer import Tokenizer, build_test_tokenizer
+    from argosy.engine.bpe_builder import build_test_tokenizer
+    from argosy.engine.tokenizer import Tokenizer
 
     if arch not in ARCHITECTURES:
         raise ValueError(f"unknown architecture {arch!r}; choose from {', '.join(ARCHITECTURES)}")

@@ -7,19 +7,16 @@ and adds BOS like Llama's tokenizer when add_bos_token (default True).
 
 from __future__ import annotations
 
-import functools
 import json
 import re
 from collections.abc import Mapping
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import jinja2
-import jinja2.ext
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import AddedToken
 from tokenizers import Tokenizer as HFTokenizer
+
+from argosy.engine.chat_template import load_chat_template, render_chat_template
 
 _SPECIAL_NAMES = ("bos_token", "eos_token", "unk_token", "pad_token")
 
@@ -31,10 +28,6 @@ def _read_json(path: Path) -> dict[str, Any]:
 def _content(token: Any) -> str | None:
     # tokenizer_config.json writes a special token as a string or as an AddedToken dict.
     return token.get("content") if isinstance(token, dict) else token
-
-
-def _or_minus_one(token_id: int | None) -> int:
-    return -1 if token_id is None else token_id
 
 
 def _id_list(value: Any) -> list[int]:
@@ -111,6 +104,7 @@ class _SentencePieceBackend:
         return ids
 
     def decode(self, ids: list[int], skip_special_tokens: bool) -> str:
+        ids = [i for i in ids if 0 <= i < self.vocab_size]  # as in `tokenizers`, ids past the vocab decode to ""
         if skip_special_tokens:
             return self.sp.decode([i for i in ids if i not in self.special_ids])
         out, run = [], []
@@ -135,65 +129,6 @@ class _SentencePieceBackend:
 
     def id_to_token(self, token_id: int) -> str | None:
         return self.sp.id_to_piece(token_id) if 0 <= token_id < self.vocab_size else None
-
-
-class _GenerationTag(jinja2.ext.Extension):
-    # HF's `{% generation %}` marks assistant text for training masks; for serving, render the body unchanged.
-    tags = {"generation"}
-
-    def parse(self, parser: Any) -> jinja2.nodes.Node:
-        lineno = next(parser.stream).lineno
-        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
-        return jinja2.nodes.CallBlock(self.call_method("_render"), [], [], body).set_lineno(lineno)
-
-    def _render(self, caller: Any) -> str:
-        return caller()
-
-
-def _raise_exception(message: str) -> None:
-    raise jinja2.exceptions.TemplateError(message)
-
-
-def _tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None, separators: Any = None,
-            sort_keys: bool = False) -> str:
-    # HF replaces jinja's tojson: no HTML escaping, and json.dumps' options.
-    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
-
-
-@functools.lru_cache(maxsize=32)
-def _compile_template(source: str) -> jinja2.Template:
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=[_GenerationTag, jinja2.ext.loopcontrols])
-    env.filters["tojson"] = _tojson
-    env.globals["raise_exception"] = _raise_exception
-    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
-    return env.from_string(source)
-
-
-def _flatten_message(message: Mapping[str, Any]) -> dict[str, Any]:
-    # Like transformers, drop None fields, so `message.content is defined` reads the same in templates.
-    msg = {k: v for k, v in message.items() if v is not None}
-    if isinstance(msg.get("content"), list):
-        texts = []
-        for part in msg["content"]:
-            if isinstance(part, str):
-                texts.append(part)
-            elif part.get("type", "text") == "text":
-                texts.append(part["text"])
-            else:
-                raise ValueError(f"Unsupported content part type {part.get('type')!r}: only text parts are supported.")
-        msg["content"] = "\n".join(texts)  # vLLM joins text parts with a newline too
-    return msg
-
-
-def _chat_template(folder: Path, config: dict[str, Any]) -> str | None:
-    template = config.get("chat_template")
-    if isinstance(template, list):  # named templates: [{"name": ..., "template": ...}]
-        named = {t["name"]: t["template"] for t in template}
-        template = named.get("default", next(iter(named.values()), None))
-    template = _read_json(folder / "chat_template.json").get("chat_template", template)
-    jinja_file = folder / "chat_template.jinja"  # the newer layout wins over tokenizer_config.json
-    return jinja_file.read_text(encoding="utf-8") if jinja_file.is_file() else template
 
 
 class Tokenizer:
@@ -230,22 +165,21 @@ class Tokenizer:
                                             add_eos=config.get("add_eos_token", False),
                                             legacy=config.get("legacy", False))
             for name, token_id in (("bos_token", backend.bos_id), ("eos_token", backend.eos_id)):
-                if token_id >= 0:  # the sentencepiece model knows its own BOS/EOS
+                if token_id >= 0:  # the sentencepiece model knows its own BOS/EOS; tokenizer_config.json's win
                     special.setdefault(name, backend.id_to_token(token_id))
-            # tokenizer_config.json's BOS/EOS win over the model's own when encode adds them.
-            backend.bos_id, backend.eos_id = (_or_minus_one(backend.token_to_id(special[name])) if name in special
-                                              else -1 for name in ("bos_token", "eos_token"))
         else:
             raise FileNotFoundError(f"No tokenizer in {folder}: looked for tokenizer.json and tokenizer.model.")
+        ids = {name: backend.token_to_id(token) for name, token in special.items()}
+        if isinstance(backend, _SentencePieceBackend):  # encode adds the BOS/EOS that the config names
+            backend.bos_id, backend.eos_id = (-1 if ids.get(n) is None else ids[n] for n in ("bos_token", "eos_token"))
         # EOS: the tokenizer's own, then generation_config.json's (chat models list their end-of-turn token
         # there), then config.json's; a sequence stops on any of them.
-        eos_ids = [i for i in [backend.token_to_id(special["eos_token"]) if "eos_token" in special else None,
-                               *_id_list(generation.get("eos_token_id")),
+        eos_ids = [i for i in [ids.get("eos_token"), *_id_list(generation.get("eos_token_id")),
                                *_id_list(model_config.get("eos_token_id"))] if i is not None]
-        bos_id = backend.token_to_id(special["bos_token"]) if "bos_token" in special else None
+        bos_id = ids.get("bos_token")
         if bos_id is None:
             bos_id = (_id_list(model_config.get("bos_token_id")) or [None])[0]
-        return cls(backend, special, _chat_template(folder, config), list(dict.fromkeys(eos_ids)), bos_id)
+        return cls(backend, special, load_chat_template(folder, config), list(dict.fromkeys(eos_ids)), bos_id)
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Token ids of `text`; add_special_tokens adds BOS/EOS as the checkpoint's tokenizer does.
@@ -274,62 +208,4 @@ class Tokenizer:
         if template is None:
             raise ValueError("This model has no chat template; use the completions API, or pass a chat template.")
         context = {**self.special_tokens_map, "tools": None, "documents": None, **kwargs}
-        try:
-            return _compile_template(template).render(messages=[_flatten_message(m) for m in messages],
-                                                      add_generation_prompt=add_generation_prompt, **context)
-        except (jinja2.TemplateError, TypeError) as e:  # a template that rejects the messages: a bad request
-            raise ValueError(f"Chat template error: {e}") from e
-
-
-# Training text for build_test_tokenizer: varied English prose, code, numbers and a little of other scripts.
-_CORPUS = [
-    "The quick brown fox jumps over the lazy dog. A journey of a thousand miles begins with a single step.",
-    "Once upon a time, in a small village by the sea, there lived an old fisherman and his daughter. Every "
-    "morning they walked down to the harbour, mended their nets and talked about the weather and the tides.",
-    "Language models predict the next token from the tokens before it. A server batches many requests together, "
-    "keeps their keys and values in a paged cache, and streams the generated text back to each user.",
-    "def fibonacci(n: int) -> int:\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n",
-    "for (int i = 0; i < 10; i++) { printf(\"%d\\n\", i * i); }  // squares of the first ten numbers",
-    "In 1969, three astronauts flew to the Moon; the trip took about 76 hours and covered 384,400 kilometres.",
-    "Q: What is the capital of France?\nA: Paris is the capital of France.\nQ: And of Japan?\nA: Tokyo.",
-    "User: Can you help me write a short poem about autumn?\nAssistant: Of course! Golden leaves drift down, "
-    "the evening air is cool, and the quiet fields wait for the first frost of the year.",
-    "Bonjour, je m'appelle Marie. Wie geht es dir heute? ¿Dónde está la biblioteca? Ciao, come stai?",
-    "東京は日本の首都です。北京是中国的首都。서울은 한국의 수도입니다. Москва — столица России. 🙂🚀✨",
-    "Prices rose 3.5% in March, to $1,299.99 per unit; the report (page 42) lists 17 reasons why.",
-    "Rivers carry water from the mountains to the sea. Forests cover nearly a third of the land, and they are "
-    "home to most of the animals and plants that live on it. Rain falls, the rivers rise, and the cycle goes on.",
-    "Please remember to bring your passport, your tickets and a warm coat: the nights are cold in the north.",
-]
-_CHATML_TEMPLATE = (
-    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>'"
-    " + '\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
-)
-
-
-def build_test_tokenizer(folder: str | Path, vocab_size: int = 512, corpus: list[str] | None = None) -> Path:
-    """Train a byte-level BPE (any Unicode text round-trips) and write tokenizer.json and tokenizer_config.json
-    (BOS <s> added by the post-processor, EOS </s>, a ChatML chat template) into `folder`. The vocabulary
-    holds at most `vocab_size` tokens: fewer when the corpus runs out of merges. Needs no transformers."""
-    from tokenizers import decoders, models, pre_tokenizers, processors, trainers
-
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    specials = ["<unk>", "<s>", "</s>", "<|im_start|>", "<|im_end|>"]  # ids 0..4
-    tok = HFTokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(corpus or _CORPUS, trainer)
-    bos_id = tok.token_to_id("<s>")
-    tok.post_processor = processors.TemplateProcessing(single="<s> $A", pair="<s> $A <s> $B",
-                                                       special_tokens=[("<s>", bos_id)])
-    tok.save(str(folder / "tokenizer.json"))
-    config = {
-        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>",
-        "unk_token": "<unk>", "model_max_length": 1 << 20, "clean_up_tokenization_spaces": False,
-        "chat_template": _CHATML_TEMPLATE,
-    }
-    (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
-    return folder
+        return render_chat_template(template, messages, add_generation_prompt, context)

@@ -44,22 +44,24 @@ class Blocked(Exception):
 
 def _pii(text: str, mode: str, final: bool, window: int) -> tuple[str, int]:
     """Redact (or raise Blocked on) PII; returns the text and where a still-growing match begins
-    (on a stream, a match ending in the last `window` characters may still grow: hold it, unredacted,
-    until it has left the window or the stream ends)."""
-    tail = 0  # characters held at the end (a length from the end survives earlier substitutions)
+    (on a stream, a match ending in the last `window` characters may still grow: everything from its
+    start stays held, unredacted, until it has left the window or the stream ends)."""
+    hold = len(text)
+    if not final:
+        for _, pat, check in PII:
+            for m in pat.finditer(text):  # the buffer is small: the window plus one chunk
+                if m.end() > len(text) - window and (not check or check(m.group())):
+                    hold = min(hold, m.start())
+    head, tail = text[:hold], text[hold:]
     for label, pat, check in PII:
         def sub(m: re.Match, label=label, check=check) -> str:
-            nonlocal tail
             if check and not check(m.group()):
-                return m.group()
-            if not final and m.end() > len(m.string) - window:
-                tail = max(tail, len(m.string) - m.start())
                 return m.group()
             if mode == "block":
                 raise Blocked(f"{label.lower()} detected")
             return f"[{label}]"
-        text = pat.sub(sub, text)
-    return text, len(text) - tail
+        head = pat.sub(sub, head)
+    return head + tail, len(head)
 
 
 class Guardrails:

@@ -1,8 +1,10 @@
 """Upstream state: the gateway's own load accounting, scraped vllm:* gauges and a circuit breaker.
 
 Breaker: closed -> (eject_after consecutive failures, passive or active) -> open for `eject_for_s`
--> half-open: one probe request (or a passing health check) at a time -> closed on success, open
-again on failure. Load counts are updated at once when a request starts/ends, never scraped.
+-> half-open: one probe request at a time -> closed on success, open again on failure. A breaker
+opened by failing health checks alone also closes on a passing check after the cooldown; one opened
+by failing requests needs a request to succeed (a passing /health does not prove requests work).
+Load counts are updated at once when a request starts/ends, never scraped.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ CLOSED, OPEN, HALF_OPEN = "closed", "open", "half_open"
 
 class Upstream:
     __slots__ = ("url", "in_flight", "tokens_in_flight", "remote_in_flight", "waiting", "kv_usage",
-                 "state", "failures", "opened_at", "probing", "eject_after", "eject_for", "served", "failed")
+                 "state", "failures", "opened_at", "probing", "passive", "eject_after", "eject_for", "served", "failed")
 
     def __init__(self, url: str, eject_after: int = 3, eject_for: float = 5.0):
         self.url = url
@@ -29,6 +31,7 @@ class Upstream:
         self.waiting = 0.0  # scraped vllm:num_requests_waiting
         self.kv_usage = 0.0  # scraped vllm:kv_cache_usage_perc (0..1)
         self.state, self.failures, self.opened_at, self.probing = CLOSED, 0, 0.0, False
+        self.passive = False  # whether a failing request (not only health checks) opened the breaker
         self.eject_after, self.eject_for = eject_after, eject_for
         self.served = self.failed = 0
 
@@ -62,10 +65,11 @@ class Upstream:
         self.tokens_in_flight -= tokens
 
     def success(self) -> None:
-        self.failures, self.probing, self.state = 0, False, CLOSED
+        self.failures, self.probing, self.state, self.passive = 0, False, CLOSED, False
         self.served += 1
 
-    def failure(self) -> None:
+    def failure(self, passive: bool = True) -> None:
+        self.passive = self.passive or passive
         self.failed += 1
         self.failures += 1
         self.probing = False
@@ -118,10 +122,10 @@ class HealthChecker:
         except (TimeoutError, aiohttp.ClientError, OSError):
             ok = False
         if ok:
-            if u.state != CLOSED and u.available():
+            if u.state != CLOSED and not u.passive and u.available():
                 u.failures, u.probing, u.state = 0, False, CLOSED  # recovered: passing check closes it
         else:
-            u.failure()
+            u.failure(passive=False)
         return ok
 
     async def run(self, upstreams: callable, scrape: callable) -> None:

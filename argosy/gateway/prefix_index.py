@@ -28,6 +28,7 @@ class PrefixIndex:
     def __init__(self, max_blocks: int = 200_000, ttl_s: float = 600.0):
         self.max_blocks, self.ttl_s = max_blocks, ttl_s
         self.entries: OrderedDict[bytes, dict[str, float]] = OrderedDict()  # hash -> {upstream: last used}
+        self.held: dict[str, int] = {}  # upstream -> entries it holds (how much cache it is guessed to use)
 
     def match(self, hashes: list[bytes], candidates: Iterable[str]) -> dict[str, int]:
         """Leading blocks of `hashes` each candidate holds (0 for none)."""
@@ -54,19 +55,28 @@ class PrefixIndex:
             holders = entries.get(h)
             if holders is None:
                 entries[h] = {upstream: now}
+                self.held[upstream] = self.held.get(upstream, 0) + 1
             else:
+                if upstream not in holders:
+                    self.held[upstream] = self.held.get(upstream, 0) + 1
                 holders[upstream] = now
                 entries.move_to_end(h)
         while len(entries) > self.max_blocks:
-            entries.popitem(last=False)
+            self._drop_oldest()
         # The LRU front is the least recently used entry: drop whatever has aged out from there.
         while entries:
             h, holders = next(iter(entries.items()))
             if now - max(holders.values()) < self.ttl_s:
                 break
-            entries.popitem(last=False)
+            self._drop_oldest()
+
+    def _drop_oldest(self) -> None:
+        _, holders = self.entries.popitem(last=False)
+        for u in holders:
+            self.held[u] -= 1
 
     def remove_upstream(self, upstream: str) -> None:
+        self.held.pop(upstream, None)
         for h in list(self.entries):
             holders = self.entries[h]
             holders.pop(upstream, None)

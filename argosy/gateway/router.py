@@ -113,16 +113,16 @@ class Router:
             return not (n - min_load > a and n > r * min_load)
 
         best, best_key = None, None
-        self.rr += 1
-        s = self.rr % len(cands)
-        for u in cands[s:] + cands[:s]:
+        for u in cands:
             m = matched.get(u.url, 0)
             if m == 0 or not gate_ok(u):
                 continue
             key = (m, -u.load())
             if best_key is None or key > best_key:
                 best, best_key = u, key
-        chosen = best or self._least_load(cands)
+        # No usable affinity: least load, then the upstream the index guesses holds the least cache,
+        # so new prefixes (tenants) spread out instead of evicting each other.
+        chosen = best or min(cands, key=lambda u: (u.load(), self.index.held.get(u.url, 0)))
         if req.hashes:
             self.index.insert(req.hashes, chosen.url)
             if self.on_prefix_insert:

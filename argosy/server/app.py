@@ -19,6 +19,7 @@ from argosy.server.completions import create_completion
 from argosy.server.errors import APIError, api_error_handler, http_error_handler, server_error_handler
 from argosy.server.metrics import ServerMetrics
 from argosy.server.state import ServerState, json_response
+from argosy.server.streaming import KeepRawSend
 from argosy.server.tokenize import detokenize, tokenize
 
 
@@ -74,7 +75,7 @@ def build_app(
     max_body_bytes: int,
     on_ready: Callable[[], None] = lambda: None,
     on_failed: Callable[[BaseException], None] = lambda exc: None,
-) -> Starlette:
+) -> KeepRawSend:
     """The server for one engine; `make_engine()` runs in the engine thread when the app starts."""
     engine = AsyncEngine(make_engine)
     server_metrics = ServerMetrics(served_model_name, engine.engine_stats)
@@ -104,4 +105,4 @@ def build_app(
                                 Exception: server_error_handler}
     app = Starlette(routes=routes, exception_handlers=handlers, lifespan=lifespan)
     app.state.argosy = state
-    return app
+    return KeepRawSend(app)

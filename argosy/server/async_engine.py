@@ -15,11 +15,13 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from argosy.engine.outputs import RequestOutput
 from argosy.engine.sampling_params import SamplingParams
+from argosy.server.request_group import EngineRequest, OutputObserver, RequestGroup
+
+__all__ = ["AsyncEngine", "EngineRequest", "EngineStepError", "OutputObserver", "RequestGroup"]
 
 _ADD, _ABORT = 0, 1
 STATS_INTERVAL_S = 0.02  # engine.stats() snapshot period while busy (gauges and admission read it)
@@ -27,70 +29,6 @@ STATS_INTERVAL_S = 0.02  # engine.stats() snapshot period while busy (gauges and
 
 class EngineStepError(RuntimeError):
     """The engine failed while running a step; the requests in flight were aborted."""
-
-
-@dataclass(slots=True)
-class EngineRequest:
-    request_id: str
-    prompt: str | list[int]
-    params: SamplingParams
-    priority: int = 0
-    cache_salt: str | None = None
-
-
-class OutputObserver(Protocol):
-    """Sees every delivered output and every abort, on the event loop (the server's metrics)."""
-
-    def on_output(self, out: RequestOutput, arrival: float, now: float) -> None: ...
-
-    def on_abort(self, request_ids: list[str], num_completions: int) -> None: ...
-
-
-class RequestGroup:
-    """The engine requests behind one HTTP request (one per prompt) and their newest outputs."""
-
-    def __init__(self, requests: list[EngineRequest], arrival: float, accepted: asyncio.Future[None]):
-        self.requests = requests
-        self.arrival = arrival  # time.monotonic() when the HTTP request came in
-        self.accepted = accepted  # resolved once the engine thread queued every request (or one failed)
-        self.unfinished: set[str] = {r.request_id for r in requests}
-        self.unstarted: set[str] = set(self.unfinished)  # no output yet: counts as waiting for admission
-        self.final: dict[str, RequestOutput] = {}
-        self._fresh: dict[str, RequestOutput] = {}
-        self._event = asyncio.Event()
-        self._error: BaseException | None = None
-
-    def _push(self, out: RequestOutput) -> None:
-        self._fresh[out.request_id] = out
-        if out.finished:
-            self.unfinished.discard(out.request_id)
-            self.final[out.request_id] = out
-        self._event.set()
-
-    def _fail(self, exc: BaseException) -> None:
-        self._error = exc
-        self._event.set()
-
-    async def next_outputs(self) -> list[RequestOutput]:
-        """The newest output of each request that progressed since the last call; [] once all finished."""
-        while not self._fresh:
-            if self._error is not None:
-                raise self._error
-            if not self.unfinished:
-                return []
-            self._event.clear()
-            await self._event.wait()
-        if self._error is not None:
-            raise self._error
-        fresh = list(self._fresh.values())
-        self._fresh.clear()
-        return fresh
-
-    async def wait_finished(self) -> list[RequestOutput]:
-        """The final outputs, in the order of `requests`."""
-        while await self.next_outputs():
-            pass
-        return [self.final[r.request_id] for r in self.requests]
 
 
 class AsyncEngine:
@@ -160,18 +98,26 @@ class AsyncEngine:
 
     def abort(self, group: RequestGroup) -> None:
         """Stops the group's unfinished requests; the engine frees their KV blocks at its next command."""
-        ids = list(group.unfinished)
+        ids = self._forget(group)
         if not ids:
             return
+        if self.observer is not None:
+            n = sum(r.params.n for r in group.requests if r.request_id in ids)
+            self.observer.on_abort(ids, n)
+        self._send((_ABORT, ids))
+
+    def _forget(self, group: RequestGroup) -> list[str]:
+        """Drops the group's unfinished requests from the event-loop bookkeeping; returns their ids."""
+        ids = list(group.unfinished)
         for rid in ids:
             self._groups.pop(rid, None)
         self._num_unstarted -= len(group.unstarted)
         group.unstarted.clear()
         group.unfinished.clear()
-        if self.observer is not None:
-            n = sum(r.params.n for r in group.requests if r.request_id in ids)
-            self.observer.on_abort(ids, n)
-        self._send((_ABORT, ids))
+        return ids
+
+    def _live_groups(self) -> list[RequestGroup]:
+        return list({id(g): g for g in self._groups.values()}.values())
 
     def _send(self, command: tuple[int, Any]) -> None:
         with self._cv:
@@ -181,12 +127,8 @@ class AsyncEngine:
     def _on_added(self, results: list[tuple[RequestGroup, BaseException | None]]) -> None:
         for group, error in results:
             self._pending_adds -= len(group.requests)
-            if error is not None and group.unfinished:
-                for rid in group.unfinished:
-                    self._groups.pop(rid, None)
-                self._num_unstarted -= len(group.unstarted)
-                group.unstarted.clear()
-                group.unfinished.clear()
+            if error is not None:
+                self._forget(group)
             if not group.accepted.done():
                 if error is None:
                     group.accepted.set_result(None)
@@ -211,7 +153,7 @@ class AsyncEngine:
 
     def _on_step_error(self, exc: BaseException) -> None:
         error = EngineStepError(f"The engine failed: {type(exc).__name__}.")
-        for group in {id(g): g for g in self._groups.values()}.values():
+        for group in self._live_groups():
             self.abort(group)
             group._fail(error)
 
@@ -220,8 +162,15 @@ class AsyncEngine:
         if self._on_ready is not None:
             self._on_ready()
 
-    def _load_failed(self, exc: BaseException) -> None:
+    def _died(self, exc: BaseException) -> None:
+        """Loading failed, or the engine thread stopped on an unexpected error: nothing can run."""
         self.failed = exc
+        error = EngineStepError(f"The engine stopped: {type(exc).__name__}.")
+        for group in self._live_groups():
+            self._forget(group)
+            group._fail(error)
+            if not group.accepted.done():
+                group.accepted.set_exception(error)
         if self._on_failed is not None:
             self._on_failed(exc)
 
@@ -240,11 +189,18 @@ class AsyncEngine:
             _warm_up(engine)
         except BaseException as exc:
             traceback.print_exc(file=sys.stderr)
-            self._post(self._load_failed, exc)
+            self._post(self._died, exc)
             return
         self.tokenizer, self.max_model_len = engine.tokenizer, engine.max_model_len
         self.stats = dict(engine.stats())
         self._post(self._loaded)
+        try:
+            self._serve(engine)
+        except BaseException as exc:  # a bug outside step(): fail loudly rather than hang every request
+            traceback.print_exc(file=sys.stderr)
+            self._post(self._died, exc)
+
+    def _serve(self, engine: Any) -> None:
         live: set[str] = set()  # request ids the engine holds unfinished
         last_stats = 0.0
         while True:

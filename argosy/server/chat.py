@@ -97,10 +97,11 @@ async def create_chat_completion(request: Request) -> Response | SSEResponse:
     if response_format and response_format.get("type", "text") != "text":
         raise APIError.bad_request("Only the 'text' response_format is supported.", "response_format")
     stream, include_usage = stream_flags(fields)
-    max_tokens = fields.get_int("max_completion_tokens")
-    if max_tokens is None:
-        max_tokens = fields.get_int("max_tokens")  # None: up to the context, as OpenAI's chat default
-    params = sampling_params(fields, max_tokens=max_tokens, logprobs=_logprob_settings(fields))
+    max_tokens, max_tokens_field = fields.get_int("max_completion_tokens"), "max_completion_tokens"
+    if max_tokens is None:  # neither: up to the context, OpenAI's chat default
+        max_tokens, max_tokens_field = fields.get_int("max_tokens"), "max_tokens"
+    params = sampling_params(fields, max_tokens=max_tokens, logprobs=_logprob_settings(fields),
+                             max_tokens_field=max_tokens_field)
     priority, cache_salt = scheduling_fields(fields)
     prompt = _prompt_ids(state, fields, messages)
     response_id = new_id("chatcmpl")
@@ -160,6 +161,10 @@ async def _stream(state: ServerState, response_id: str, params: SamplingParams, 
                     content = chat_logprobs(d.completion.token_ids, d.completion.logprobs, d.token_start,
                                             d.token_end, top_k, tokenizer)
                     logprobs = {"content": content, "refusal": None}
+                if logprobs is None and d.finish_reason is None:  # the per-token chunk, without a dict
+                    parts.append(b'%s{"index":%d,"delta":{"content":%s},"logprobs":null,"finish_reason":null}%s'
+                                 % (head, d.index, dumps(d.text).encode(), tail))
+                    continue
                 choice: dict[str, Any] = {"index": d.index, "delta": {"content": d.text} if d.text else {},
                                           "logprobs": logprobs, "finish_reason": d.finish_reason}
                 if d.finish_reason:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import argosy
 
+DEFAULT_PORT = 8100
 DEFAULT_MAX_QUEUE = 1024
 DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
 
@@ -22,7 +23,8 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--served-model-name", default=None,
                         help="the name clients send as `model` (default: the checkpoint folder's name)")
     parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8100, help="0 picks a free port (printed at start)")
+    parser.add_argument("--port", type=int, default=None,
+                        help=f"0 picks a free port, printed at start (default {DEFAULT_PORT})")
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
     parser.add_argument("--device", default="auto", help="auto (cuda where present), cpu or cuda[:N]")
     parser.add_argument("--max-num-seqs", type=int, default=256, help="most sequences in one batch")
@@ -79,7 +81,9 @@ def run_engine_server(args: argparse.Namespace) -> None:
 
         return LLMEngine(config, served_model_name=served)
 
-    sock = _bind(args.host, args.port)
+    # A sub-command may set its own default with set_defaults(port_default=...) (`argosy serve`: 8000).
+    port = args.port if args.port is not None else getattr(args, "port_default", DEFAULT_PORT)
+    sock = _bind(args.host, port)
     host, port = sock.getsockname()[:2]
     url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
     failures: list[BaseException] = []
@@ -89,7 +93,7 @@ def run_engine_server(args: argparse.Namespace) -> None:
 
     def on_failed(exc: BaseException) -> None:
         failures.append(exc)
-        print(f"argosy engine: loading {model} failed: {type(exc).__name__}: {exc}", flush=True)
+        print(f"argosy engine: the engine for {model} failed ({type(exc).__name__}: {exc}); exiting", flush=True)
         server.should_exit = True
 
     prometheus_client.disable_created_metrics()  # no *_created series: vLLM's scrape shape

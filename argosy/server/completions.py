@@ -163,5 +163,8 @@ async def _stream(job: _Job, group: RequestGroup, include_usage: bool) -> AsyncI
 
 
 def _choice(index: int, text: str, logprobs: Any, finish_reason: str | None, stop_reason: Any) -> bytes:
+    if logprobs is None and finish_reason is None:  # the per-token chunk: no dict, one string encode
+        return b'{"index":%d,"text":%s,"logprobs":null,"finish_reason":null,"stop_reason":null}' % (
+            index, dumps(text).encode())
     return dumps({"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason,
                   "stop_reason": stop_reason}).encode()

@@ -39,8 +39,12 @@ def completion_logprobs(
         text = _token_str(token_id, sampled, tokenizer) if sampled is not None else tokenizer.decode([token_id])
         tokens.append(text)
         token_logprobs.append(_value(sampled.logprob) if sampled is not None else _FLOOR)
-        # OpenAI's top_logprobs hold the top tokens plus the sampled one, keyed by text.
-        top_logprobs.append({_token_str(tid, lp, tokenizer): _value(lp.logprob) for tid, lp in _ranked(entries)})
+        # OpenAI's top_logprobs hold the top tokens plus the sampled one, keyed by text. Two tokens can
+        # share a text (partial UTF-8 both show as U+FFFD): the likelier one keeps the key.
+        top: dict[str, float] = {}
+        for tid, lp in _ranked(entries):
+            top.setdefault(_token_str(tid, lp, tokenizer), _value(lp.logprob))
+        top_logprobs.append(top)
         offsets.append(text_offset)
         text_offset += len(text)
     block = {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top_logprobs, "text_offset": offsets}

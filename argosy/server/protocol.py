@@ -141,10 +141,11 @@ def stream_flags(fields: Fields) -> tuple[bool, bool]:
     return stream, include_usage
 
 
-def sampling_params(fields: Fields, *, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
+def sampling_params(fields: Fields, *, max_tokens: int | None, logprobs: int | None,
+                    max_tokens_field: str = "max_tokens") -> SamplingParams:
     """The sampling fields both endpoints share (OpenAI's and vLLM's extras) as SamplingParams."""
     if max_tokens is not None and max_tokens < 1:
-        raise APIError.bad_request(f"max_tokens must be at least 1, got {max_tokens}.", "max_tokens")
+        raise APIError.bad_request(f"{max_tokens_field} must be at least 1, got {max_tokens}.", max_tokens_field)
     n = fields.get_int("n", 1)
     assert n is not None
     if not 1 <= n <= MAX_N:

@@ -12,7 +12,7 @@ import asyncio
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
-from starlette.types import Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 DONE = b"data: [DONE]\n\n"
 _SSE_HEADERS = [
@@ -22,8 +22,23 @@ _SSE_HEADERS = [
 ]
 
 
+RAW_SEND = "argosy.raw_send"  # scope key: the ASGI server's own `send`, set by KeepRawSend
+
+
 class ClientDisconnected(Exception):
     pass
+
+
+class KeepRawSend:
+    """The outermost ASGI layer: remembers the server's `send` in the scope for SSEResponse."""
+
+    def __init__(self, app: ASGIApp):
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            scope[RAW_SEND] = send
+        await self.app(scope, receive, send)
 
 
 @asynccontextmanager
@@ -61,11 +76,14 @@ class SSEResponse:
         self._on_close = on_close
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        # Chunks go straight to the server's send (see RAW_SEND): per token, Starlette's wrappers
+        # would only re-check that the response has started. The start goes through them.
+        send_chunk = scope.get(RAW_SEND, send)
         try:
             await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
             async with cancel_on_disconnect(receive):
                 async for chunk in self._events:
-                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                    await send_chunk({"type": "http.response.body", "body": chunk, "more_body": True})
         except ClientDisconnected:
             return
         finally:

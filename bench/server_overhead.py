@@ -1,0 +1,218 @@
+"""What the HTTP server costs: the same workload offline (LLM.generate) and through the server.
+
+    .venv/bin/python bench/server_overhead.py [--size small] [--num-requests 256] [--concurrency 64]
+
+1. Offline: every request into LLM.generate, --max-num-seqs at a time (the default equals --concurrency).
+2. Server: `python -m argosy.server` with the same engine settings, --concurrency client streams
+   (aiohttp, streaming /v1/completions with the prompt as token ids) each sending the next request as
+   soon as its previous one ends. Output tokens/s of both, and server / offline (target >= 90%).
+3. llama.cpp: the same HTTP workload (as text) at --peer-concurrency streams against argosy and against
+   `python -m llama_cpp.server`, when llama-cpp-python is installed and --gguf names the same model in
+   GGUF; skipped (saying how to set it up) otherwise.
+
+Greedy, ignore_eos (llama.cpp: EOS suppressed with logit_bias), seeded lengths; only output tokens count.
+The client shares the machine with the server: on a small CPU box its work shows in the server figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import importlib.util
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from common import Timer, checkpoint, param_count, progress, workload  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_offline(path: str, work, args) -> float:
+    from argosy import LLM, SamplingParams
+
+    llm = LLM(path, kv_cache_memory_gib=args.kv_cache_gib, max_num_seqs=args.max_num_seqs)
+    params = [SamplingParams(temperature=0, max_tokens=o, ignore_eos=True) for _, o in work]
+    llm.generate([p for p, _ in work[:4]], params[:4], use_tqdm=False)  # warm-up, as the server's
+    with Timer() as t:
+        outs = llm.generate([p for p, _ in work], params)
+    tokens = sum(len(o.outputs[0].token_ids) for o in outs)
+    del llm, outs
+    gc.collect()
+    return tokens / t.seconds
+
+
+def start_server(cmd: list[str], url: str, log: Path, timeout_s: float = 600) -> subprocess.Popen:
+    proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                            stdout=log.open("wb"), stderr=subprocess.STDOUT)
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{cmd[2]} exited with {proc.returncode}; see {log}")
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return proc
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    proc.kill()
+    raise TimeoutError(f"{cmd[2]} not ready after {timeout_s} s; see {log}")
+
+
+def stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+async def drive(base_url: str, items: list[dict], concurrency: int, label: str) -> float:
+    """Streams every request body in `items`, `concurrency` at a time; returns output tokens/s."""
+    import aiohttp
+
+    queue: asyncio.Queue[dict] = asyncio.Queue()
+    for item in items:
+        queue.put_nowait(item)
+    done, tokens = 0, 0
+    start = time.perf_counter()
+
+    async def worker(session: aiohttp.ClientSession) -> None:
+        nonlocal done, tokens
+        while not queue.empty():
+            body = queue.get_nowait()
+            chunks, usage = 0, None
+            async with session.post(base_url + "/completions", json=body) as resp:
+                if resp.status != 200:
+                    raise RuntimeError(f"{label}: HTTP {resp.status}: {await resp.text()}")
+                async for line in resp.content:
+                    # Parse only the usage event: on a small box the client's CPU time is the server's loss.
+                    if line.startswith(b'data: {"id"') and b'"choices":[]' in line and b'"usage":{' in line:
+                        usage = json.loads(line[6:])["usage"]["completion_tokens"]
+                    elif line.startswith(b"data: {") and b'"text":""' not in line:
+                        chunks += 1
+            tokens += usage if usage is not None else chunks  # llama.cpp sends one token per chunk, no usage
+            done += 1
+
+    async def report() -> None:
+        while True:
+            await asyncio.sleep(0.5)
+            elapsed = time.perf_counter() - start
+            progress(f"{label}: {done}/{len(items)} requests, {tokens / elapsed:.1f} output tok/s   ")
+
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None)) as session:
+        reporter = asyncio.create_task(report())
+        await asyncio.gather(*(worker(session) for _ in range(concurrency)))
+        reporter.cancel()
+    elapsed = time.perf_counter() - start
+    sys.stderr.write("\n")
+    return tokens / elapsed
+
+
+def http_items(work, as_text: list[str] | None, model: str, eos_bias: dict | None) -> list[dict]:
+    items = []
+    for i, (prompt, out_len) in enumerate(work):
+        body = {"model": model, "prompt": as_text[i] if as_text else prompt, "max_tokens": out_len,
+                "temperature": 0, "stream": True}
+        if eos_bias is None:
+            body.update(ignore_eos=True, stream_options={"include_usage": True})
+        else:  # llama.cpp: no ignore_eos, no usage in streams
+            body["logit_bias"] = eos_bias
+        items.append(body)
+    return items
+
+
+def argosy_server(path: str, args, max_num_seqs: int) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    cmd = [sys.executable, "-m", "argosy.server", "--model", path, "--served-model-name", "bench",
+           "--port", str(port), "--max-num-seqs", str(max_num_seqs), "--kv-cache-memory", str(args.kv_cache_gib),
+           "--max-queue", str(args.num_requests + 1)]
+    print(f"starting the argosy server (max_num_seqs {max_num_seqs}) ...", flush=True)
+    proc = start_server(cmd, f"http://127.0.0.1:{port}/ready", Path(args.log_dir) / "argosy-server.log")
+    return proc, f"http://127.0.0.1:{port}/v1"
+
+
+def peer_comparison(path: str, work, args) -> None:
+    if importlib.util.find_spec("llama_cpp") is None or not args.gguf:
+        print("llama.cpp: skipped. To compare: pip install 'llama-cpp-python[server]', convert the checkpoint with "
+              f"llama.cpp's `python convert_hf_to_gguf.py {path} --outtype f32 --outfile model.gguf`, "
+              "then pass --gguf model.gguf")
+        return
+    from argosy.engine.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_pretrained(path)
+    texts = [tok.decode(p) for p, _ in work]
+    eos = {str(i): -100 for i in tok.eos_token_ids}
+    proc, url = argosy_server(path, args, args.peer_concurrency)
+    try:
+        ours = asyncio.run(drive(url, http_items(work, texts, "bench", None), args.peer_concurrency,
+                                 f"argosy server, {args.peer_concurrency} streams"))
+    finally:
+        stop(proc)
+    port = free_port()
+    cmd = [sys.executable, "-m", "llama_cpp.server", "--model", args.gguf, "--host", "127.0.0.1", "--port", str(port),
+           "--n_ctx", "4096", "--model_alias", "bench", *args.peer_args.split()]
+    print("starting llama_cpp.server ...", flush=True)
+    proc = start_server(cmd, f"http://127.0.0.1:{port}/v1/models", Path(args.log_dir) / "llama-cpp-server.log")
+    try:
+        peer = asyncio.run(drive(f"http://127.0.0.1:{port}/v1", http_items(work, texts, "bench", eos),
+                                 args.peer_concurrency, f"llama.cpp server, {args.peer_concurrency} streams"))
+    finally:
+        stop(proc)
+    print(f"argosy server ({args.peer_concurrency} streams):    {ours:8.1f} output tok/s")
+    print(f"llama.cpp server ({args.peer_concurrency} streams): {peer:8.1f} output tok/s")
+    print(f"ratio argosy / llama.cpp: {ours / peer:.2f}x")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--size", default="small", choices=["tiny", "small", "125m"])
+    ap.add_argument("--num-requests", type=int, default=256)
+    ap.add_argument("--concurrency", type=int, default=64)
+    ap.add_argument("--max-num-seqs", type=int, default=None, help="engine batch limit (default: --concurrency)")
+    ap.add_argument("--prompt-len", type=int, nargs=2, default=(32, 256))
+    ap.add_argument("--output-len", type=int, nargs=2, default=(64, 192))
+    ap.add_argument("--kv-cache-gib", type=float, default=2.0)
+    ap.add_argument("--peer-concurrency", type=int, default=16)
+    ap.add_argument("--gguf", default=None, help="the same checkpoint in GGUF, for llama.cpp")
+    ap.add_argument("--peer-args", default="", help="extra llama_cpp.server flags, e.g. '--n_gpu_layers -1'")
+    ap.add_argument("--log-dir", default="/tmp")
+    args = ap.parse_args()
+    args.max_num_seqs = args.max_num_seqs or args.concurrency
+    path = checkpoint(args.size)
+    work = workload(args.num_requests, tuple(args.prompt_len), tuple(args.output_len), 900, seed=0)
+    print(f"checkpoint: {path} ({param_count(path) / 1e6:.1f}M parameters), {args.num_requests} requests, "
+          f"prompts {args.prompt_len[0]}-{args.prompt_len[1]} tokens, outputs {args.output_len[0]}-"
+          f"{args.output_len[1]} tokens, max_num_seqs {args.max_num_seqs}", flush=True)
+    print("offline LLM.generate ...", flush=True)
+    offline = run_offline(path, work, args)
+    print(f"offline LLM.generate:            {offline:8.1f} output tok/s", flush=True)
+    proc, url = argosy_server(path, args, args.max_num_seqs)
+    try:
+        served = asyncio.run(drive(url, http_items(work, None, "bench", None), args.concurrency,
+                                   f"argosy server, {args.concurrency} streams"))
+    finally:
+        stop(proc)
+    print(f"argosy server ({args.concurrency} streams):      {served:8.1f} output tok/s")
+    print(f"server / offline: {100 * served / offline:.1f}% (target >= 90%)", flush=True)
+    peer_comparison(path, work, args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,139 @@
+"""Metrics, client disconnects and overload, against a real server subprocess."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+import httpx
+import openai
+import pytest
+
+from tests.server_fixtures import MODEL_NAME, ServerProcess, metric
+
+LONG = {"ignore_eos": True}  # with max_tokens=1500: runs for many seconds unless aborted
+
+SERIES = [
+    "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
+    "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total",
+    "vllm:time_to_first_token_seconds_bucket", "vllm:time_to_first_token_seconds_count",
+    "vllm:inter_token_latency_seconds_bucket", "vllm:inter_token_latency_seconds_count",
+    "vllm:e2e_request_latency_seconds_bucket", "vllm:e2e_request_latency_seconds_count",
+    "vllm:request_queue_time_seconds_bucket", "vllm:request_queue_time_seconds_count",
+    "vllm:prompt_tokens_total", "vllm:generation_tokens_total", "vllm:request_success_total",
+]
+
+
+@pytest.fixture(scope="module")
+def server(tiny_llama):
+    with ServerProcess(tiny_llama) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    with openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0) as c:
+        yield c
+
+
+def _wait_for(check, timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.05)
+
+
+def test_metrics_export_every_series_with_the_model_label(server, client):
+    text = httpx.get(server.url + "/metrics").text
+    for name in SERIES:
+        assert f'{name}{{' in text, name
+    assert f'model_name="{MODEL_NAME}"' in text
+    for reason in ("stop", "length", "abort"):
+        assert f'finished_reason="{reason}"' in text
+    assert 'vllm:time_to_first_token_seconds_bucket{le="0.001",model_name=' in text  # vLLM's buckets
+    assert 'vllm:e2e_request_latency_seconds_bucket{le="7680.0",model_name=' in text
+
+
+def test_metrics_count_what_the_requests_did(server, client):
+    prompt = "Rivers carry water from the mountains to the sea. " * 4  # several full KV blocks
+    before = server.metrics()
+    r = client.completions.create(model=MODEL_NAME, prompt=prompt, max_tokens=9, extra_body=LONG)
+    client.completions.create(model=MODEL_NAME, prompt=prompt, max_tokens=9, extra_body=LONG)  # hits the cache
+    after = server.metrics()
+
+    def delta(name: str, **labels: str) -> float:
+        return metric(after, name, **labels) - metric(before, name, **labels)
+
+    assert delta("vllm:prompt_tokens_total") == 2 * r.usage.prompt_tokens
+    assert delta("vllm:generation_tokens_total") == 2 * 9
+    assert delta("vllm:request_success_total", finished_reason="length") == 2
+    for histogram in ("time_to_first_token", "e2e_request_latency", "request_queue_time"):
+        assert delta(f"vllm:{histogram}_seconds_count") == 2
+    assert delta("vllm:inter_token_latency_seconds_count") == 2 * 8
+    assert delta("vllm:prefix_cache_queries_total") >= 2 * r.usage.prompt_tokens - 1
+    assert delta("vllm:prefix_cache_hits_total") >= 16  # the second prompt found at least one block
+    assert metric(after, "vllm:num_requests_running") == 0
+
+
+def test_disconnect_mid_stream_frees_the_kv_blocks(server, client):
+    before = server.metrics()
+    assert metric(before, "vllm:num_requests_running") == 0
+    stream = client.completions.create(model=MODEL_NAME, prompt="Once upon a time", max_tokens=1500, stream=True,
+                                       extra_body=LONG)
+    for i, _ in enumerate(stream):
+        if i == 3:
+            break
+    running = server.metrics()
+    assert metric(running, "vllm:num_requests_running") == 1
+    assert metric(running, "vllm:kv_cache_usage_perc") > metric(before, "vllm:kv_cache_usage_perc")
+    stream.close()  # the client goes away mid-stream
+
+    def freed() -> bool:
+        now = server.metrics()
+        return (metric(now, "vllm:num_requests_running") == 0
+                and metric(now, "vllm:kv_cache_usage_perc") == metric(before, "vllm:kv_cache_usage_perc")
+                and metric(now, "vllm:request_success_total", finished_reason="abort")
+                == metric(before, "vllm:request_success_total", finished_reason="abort") + 1)
+
+    _wait_for(freed)
+
+
+def test_cancelled_non_streaming_request_is_aborted(server, client):
+    before = server.metrics()
+    with pytest.raises(openai.APITimeoutError):
+        client.with_options(timeout=1.0).chat.completions.create(
+            model=MODEL_NAME, messages=[{"role": "user", "content": "Hi"}], max_tokens=1500, extra_body=LONG)
+    aborts = metric(before, "vllm:request_success_total", finished_reason="abort")
+    _wait_for(lambda: metric(server.metrics(), "vllm:request_success_total", finished_reason="abort") == aborts + 1)
+    _wait_for(lambda: metric(server.metrics(), "vllm:kv_cache_usage_perc")
+              == metric(before, "vllm:kv_cache_usage_perc"))
+    r = client.completions.create(model=MODEL_NAME, prompt="Hi", max_tokens=2, extra_body=LONG)
+    assert r.usage.completion_tokens == 2
+
+
+def test_overload_answers_503_with_retry_after(tiny_llama):
+    with ServerProcess(tiny_llama, "--max-num-seqs", "1", "--max-queue", "2") as server, \
+            openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0) as client, \
+            httpx.Client(base_url=server.base_url, timeout=30) as http, contextlib.ExitStack() as open_streams:
+        running = client.completions.create(model=MODEL_NAME, prompt="Hello", max_tokens=1500, stream=True,
+                                            extra_body=LONG)
+        open_streams.callback(running.close)
+        next(iter(running))  # it runs: the only slot is taken
+        body = {"prompt": "Hello", "max_tokens": 4, "stream": True}
+        for _ in range(2):  # these two wait in the queue, streams open
+            waiting = open_streams.enter_context(http.stream("POST", "/completions", json=body))
+            assert waiting.status_code == 200
+        assert metric(server.metrics(), "vllm:num_requests_waiting") == 2
+
+        refused = http.post("/completions", json={"prompt": "Hello", "max_tokens": 4})
+        assert refused.status_code == 503
+        assert int(refused.headers["retry-after"]) >= 1
+        assert refused.json()["error"]["code"] == "overloaded"
+        with pytest.raises(openai.APIStatusError) as info:
+            client.chat.completions.create(model=MODEL_NAME, messages=[{"role": "user", "content": "Hi"}])
+        assert info.value.status_code == 503
+
+        open_streams.close()  # every client leaves: the queue empties
+        _wait_for(lambda: metric(server.metrics(), "vllm:num_requests_running") == 0)
+        r = client.completions.create(model=MODEL_NAME, prompt="Hello", max_tokens=3, extra_body=LONG)
+        assert r.usage.completion_tokens == 3
