@@ -215,7 +215,9 @@ def test_open_loop_sends_on_schedule(server, tmp_path):
     expected = list(arrival_times(40.0, seed=8, num=60))  # the runner seeds arrivals with seed + 1
     assert [r["scheduled_s"] for r in recs] == pytest.approx(expected, abs=1e-6)
     lags = sorted(r["sent_s"] - r["scheduled_s"] for r in recs)
-    assert lags[0] >= 0 and lags[len(lags) // 2] < 0.005 and lags[-1] < 0.05
+    # Never early; late by scheduler noise only (the test machine is shared), not by waiting for answers
+    # (each takes ~110 ms: awaiting them in turn would put the last request seconds behind).
+    assert lags[0] >= 0 and lags[len(lags) // 2] < 0.02 and lags[-1] < 0.25
     assert res["runs"][0]["summary"]["peak_in_flight"] > 4  # open loop: overlapping, not one at a time
 
 

@@ -36,7 +36,8 @@ def _ramp(text: str) -> tuple[float, float]:
 
 
 def add_bench_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("command", nargs="?", choices=["run", "report"], default="run",
+    # dest bench_command: the host parser's sub-commands may already use args.command
+    p.add_argument("bench_command", nargs="?", choices=["run", "report"], default="run", metavar="{run,report}",
                    help="run (default) a benchmark, or report: re-render a results JSON")
     p.add_argument("results_file", nargs="?", help="for report: the results JSON")
     t = p.add_argument_group("target")
@@ -153,7 +154,7 @@ def _bench(args: argparse.Namespace) -> int:
     jobs = _jobs_factory(args)
     limits = RunLimits(args.duration, args.num_requests, args.seed)
     # The flags, minus the secret and whatever the host command added that JSON cannot hold.
-    config = {k: v for k, v in vars(args).items() if k not in ("api_key", "command", "results_file")
+    config = {k: v for k, v in vars(args).items() if k not in ("api_key", "bench_command", "results_file")
               and isinstance(v, str | int | float | bool | list | tuple | dict | None)}
     config.update(model=model, request_url=ep.url, slo_ms=slos)
     runs = []
@@ -165,7 +166,8 @@ def _bench(args: argparse.Namespace) -> int:
             run = Run(ep, level, limits, jobs(limits.num_requests), progress, args.max_connections)
             records = _run_async(run.execute)
             entry = results.run_entry(level.label, {"rate": level.rate, "concurrency": level.concurrency,
-                                                    "burstiness": level.burstiness, "ramp": level.ramp},
+                                                    "burstiness": level.burstiness, "ramp": level.ramp,
+                                                    "started_unix": run.started_unix},
                                       records, slos)
             runs.append(entry)
             print(results.render_run(entry), flush=True)
@@ -193,7 +195,7 @@ def _warn_if_lagging(s: dict) -> None:
 
 def run_bench(args: argparse.Namespace) -> int:
     try:
-        return _report(args) if args.command == "report" else _bench(args)
+        return _report(args) if args.bench_command == "report" else _bench(args)
     except (ValueError, OSError) as e:
         sys.stderr.write(f"argosy bench: error: {e}\n")
         return 2

@@ -5,6 +5,9 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
+from collections import deque
+
+WINDOW_S = 5.0  # the shown rate is over the last few seconds: a ramp's rate shows as it climbs
 
 
 class Progress:
@@ -15,6 +18,7 @@ class Progress:
         self._start = time.perf_counter()
         self._task: asyncio.Task | None = None
         self._width = 0
+        self._ends: deque[float] = deque()
 
     def request_started(self) -> None:
         self.in_flight += 1
@@ -23,6 +27,7 @@ class Progress:
         self.in_flight -= 1
         self.done += 1
         self.errors += not ok
+        self._ends.append(time.perf_counter())
 
     def line(self) -> str:
         elapsed = time.perf_counter() - self._start
@@ -32,7 +37,10 @@ class Progress:
         else:
             parts.append(f"{self.done} requests")
         parts.append(f"{elapsed:.1f} s" + (f"/{self.duration_s:g} s" if self.duration_s else ""))
-        parts.append(f"{self.done / elapsed if elapsed > 0 else 0.0:.2f} req/s")
+        while self._ends and self._ends[0] < time.perf_counter() - WINDOW_S:
+            self._ends.popleft()
+        window = min(WINDOW_S, elapsed)
+        parts.append(f"{len(self._ends) / window if window > 0 else 0.0:.2f} req/s")
         parts.append(f"{self.in_flight} in flight")
         parts.append(f"{self.errors} errors")
         return "  ".join(parts)

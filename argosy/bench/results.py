@@ -20,6 +20,9 @@ FORMAT = "argosy-bench/1"
 
 
 def run_entry(label: str, level: dict[str, Any], records: list[RequestRecord], slos: dict[str, float]) -> dict:
+    # Summarise what the file will hold (times rounded to microseconds): `report` then prints the
+    # same digits as the run did.
+    records = [RequestRecord.from_dict(r.to_dict()) for r in records]
     return {"label": label, **level, "records": records, "summary": summarize(records, slos)}
 
 

@@ -45,6 +45,7 @@ class Run:
         self.max_connections = max_connections
         self.records: list[RequestRecord] = []
         self.start = 0.0
+        self.started_unix = 0.0  # wall clock at `start`: relates the records to server logs
 
     def _past_deadline(self) -> bool:
         d = self.limits.duration_s
@@ -119,7 +120,7 @@ class Run:
     async def execute(self) -> list[RequestRecord]:
         limit = self.max_connections or 0
         async with new_session(limit) as http:
-            self.start = time.perf_counter()
+            self.start, self.started_unix = time.perf_counter(), time.time()
             self.progress.start()
             try:
                 if self.level.concurrency is not None:

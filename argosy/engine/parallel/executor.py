@@ -158,7 +158,9 @@ class ParallelExecutor:
     # -- the ModelRunner interface ---------------------------------------------------------------------
     def execute(self, batch: BatchInputs) -> torch.Tensor:
         if self.error is not None:
+            self.close()  # the watchdog saw a worker die while the engine was idle
             raise RuntimeError(self.error)
+        # The workers get no Sequence objects, and tensors on the CPU (each rank moves them to its device).
         portable = map_tensors(BatchInputs(batch.input_ids, batch.positions, batch.meta, batch.sample_indices, []),
                                lambda t: t.cpu())
         blob = pickle.dumps(("step", portable), protocol=pickle.HIGHEST_PROTOCOL)
@@ -168,10 +170,25 @@ class ParallelExecutor:
             return self.worker.execute(batch)
         except Exception as e:
             raise self._fail(e) from e
+        except BaseException:  # Ctrl-C mid-step: the ranks are out of step for good
+            self.error = f"a {self.kind} step was interrupted; the engine must be restarted"
+            self.close()
+            raise
+
+    def set_comm_timing(self, on: bool) -> None:
+        """Every rank accumulates the seconds it spends in each communication op (see stats())."""
+        msg = pickle.dumps(("time_comm", on))
+        try:
+            for conn in self.conns:
+                conn.send_bytes(msg)
+        except Exception as e:
+            raise self._fail(e) from e
+        self.worker.ps.time_comm = on
 
     def stats(self, reset_comm: bool = False) -> list[dict]:
-        """Per rank (driver first): parameter bytes and, with ARGOSY_TIME_COMM=1, seconds in each comm op."""
+        """Per rank (driver first): parameter bytes and, while comm timing is on, seconds in each comm op."""
         if self.error is not None:
+            self.close()
             raise RuntimeError(self.error)
         msg = pickle.dumps(("stats", reset_comm))
         try:

@@ -22,9 +22,6 @@ import torch.distributed as dist
 # A collective still waiting after this long fails instead of hanging. Only ranks inside one step wait
 # on each other (an idle worker waits on its pipe, not in a collective), so this bounds one step.
 COLLECTIVE_TIMEOUT = timedelta(seconds=300)
-# Set (to 1) to accumulate the seconds spent in all-reduce / gather / send / recv per rank. On CUDA
-# that synchronizes around each op, so it is off unless a benchmark asks.
-TIME_COMM_ENV = "ARGOSY_TIME_COMM"
 
 
 def free_port() -> int:
@@ -47,6 +44,8 @@ class ParallelState:
     pp_size: int
     device: torch.device
     tp_group: dist.ProcessGroup | None  # None when tp_size == 1
+    # When set, the seconds spent in each kind of op accumulate in comm_seconds. On CUDA that
+    # synchronizes around each op, so it is off unless a benchmark asks (ParallelExecutor.set_comm_timing).
     time_comm: bool = False
     comm_seconds: dict[str, float] = field(default_factory=dict)
 
@@ -138,4 +137,4 @@ def init_parallel(rank: int, tp_size: int, pp_size: int, port: int, base_device:
             group = dist.new_group(list(range(stage * tp_size, (stage + 1) * tp_size)))
             if stage == rank // tp_size:
                 tp_group = group
-    return ParallelState(rank, tp_size, pp_size, device, tp_group, time_comm=os.environ.get(TIME_COMM_ENV) == "1")
+    return ParallelState(rank, tp_size, pp_size, device, tp_group)

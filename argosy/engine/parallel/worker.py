@@ -20,9 +20,9 @@ import torch.distributed as dist
 from argosy.engine.checkpoint import load_model_config
 from argosy.engine.config import EngineConfig
 from argosy.engine.model_runner import BatchInputs, ModelRunner, resolve_dtype
+from argosy.engine.models.llama import rope_inv_freq
 from argosy.engine.parallel.model import ShardedLlama, load_shard, local_config
 from argosy.engine.parallel.state import ParallelState, init_parallel
-from argosy.engine.models.llama import rope_inv_freq
 
 
 def map_tensors(obj, fn: Callable[[torch.Tensor], torch.Tensor]):
@@ -122,6 +122,8 @@ def worker_main(rank: int, port: int, config: EngineConfig, conn: Connection) ->
             worker.execute(map_tensors(arg, lambda t: t.to(dev, non_blocking=True)))
         elif kind == "stats":
             conn.send_bytes(pickle.dumps(worker.stats(arg)))
+        elif kind == "time_comm":
+            ps.time_comm = arg
         else:
             break
     dist.destroy_process_group()
