@@ -99,6 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     m.add_argument("--seed", type=int, default=0)
     m.set_defaults(func=cmd_make_test_model)
 
+    from argosy.bench.cli import add_bench_arguments, run_bench
     from argosy.gateway.cli import add_gateway_arguments, add_keys_arguments, run_gateway, run_keys
     from argosy.server.cli import add_engine_arguments, run_engine_server
 
@@ -114,6 +115,9 @@ def main(argv: list[str] | None = None) -> int:
     k = sub.add_parser("keys", help="manage API keys in a fleet file (stored hashed)")
     add_keys_arguments(k)
     k.set_defaults(func=run_keys)
+    b = sub.add_parser("bench", help="load-test any OpenAI-compatible server (TTFT, ITL, goodput)")
+    add_bench_arguments(b)
+    b.set_defaults(func=run_bench)
 
     args = parser.parse_args(argv)
     try:

@@ -64,6 +64,8 @@ class NodeConfig(_Strict):
     name: str
     provider: str = "local"
     gpus: list[GPUSpec] = []
+    memory_gib: float | None = Field(None, gt=0)  # host RAM for CPU replicas (None: detected, or unbounded)
+    resources: dict[str, float] = {}  # ray: custom resources a replica placed here requests
 
 
 class EngineSection(_Strict):
@@ -73,6 +75,8 @@ class EngineSection(_Strict):
     kv_cache_memory_gib: float | None = Field(None, gt=0)
     tensor_parallel_size: int = Field(1, ge=1)
     pipeline_parallel_size: int = Field(1, ge=1)
+    device: str = "auto"  # fleet replicas: auto, cpu, cuda (a GPU the placer chose)
+    max_model_len: int | None = Field(None, ge=1)
 
 
 class RoutingConfig(_Strict):
@@ -104,6 +108,20 @@ class AutoscalingConfig(_Strict):
     scale_down_delay_s: float = Field(30, ge=0)
     scale_to_zero_after_s: float | None = Field(None, gt=0)
     warm_pool: int = Field(0, ge=0)
+    max_scale_up_rate: float = Field(1000.0, gt=1)  # at most this many times the ready replicas per decision
+    max_scale_down_rate: float = Field(2.0, gt=1)  # at least ready / this many kept per decision
+    tick_s: float = Field(2.0, gt=0)  # how often the controller samples load and decides
+    drain_timeout_s: float = Field(60.0, ge=0)  # a draining replica's streams get this long to finish
+    cold_start_timeout_s: float = Field(120.0, gt=0)  # a request held at zero replicas waits this long
+    restart_backoff_s: float = Field(1.0, gt=0)  # first delay before restarting a crashed replica (doubles)
+
+    @model_validator(mode="after")
+    def _bounds(self) -> AutoscalingConfig:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(f"min_replicas ({self.min_replicas}) exceeds max_replicas ({self.max_replicas})")
+        if self.metric == "kv_cache" and self.target > 1:
+            raise ValueError("with metric kv_cache, target is a fraction of the KV cache (0..1]")
+        return self
 
 
 class AdmissionConfig(_Strict):
@@ -203,7 +221,37 @@ class FleetConfig(_Strict):
         names = [k.name for k in self.keys]
         if len(names) != len(set(names)):
             raise ValueError("key names must be unique")
+        for i, m in enumerate(self.models):
+            if m.upstreams is None and m.provider not in self.providers:
+                raise ValueError(f"models.{i}.provider: {m.provider!r} is not in providers "
+                                 f"({', '.join(self.providers) or 'none'})")
+        nodes = [n.name for n in self.nodes or []]
+        if len(nodes) != len(set(nodes)):
+            raise ValueError("nodes: node names must be unique")
+        for name, opts in self.providers.items():
+            if name == "ray":
+                _check_options(RayProviderOptions, opts, "providers.ray")
+            elif name == "local":
+                _check_options(LocalProviderOptions, opts, "providers.local")
         return self
+
+
+class LocalProviderOptions(_Strict):
+    python: str | None = None  # interpreter for `argosy engine` children (default: this one)
+
+
+class RayProviderOptions(_Strict):
+    address: str | None = None  # an existing cluster (ray://host:10001 or host:6379); None: a local one
+    namespace: str = "argosy"
+    num_cpus: float = Field(1.0, ge=0)  # CPUs each replica actor requests
+
+
+def _check_options(model: type[_Strict], opts: dict[str, Any], where: str) -> None:
+    try:
+        model.model_validate(opts)
+    except ValidationError as e:
+        errs = "; ".join(f"{where}.{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in e.errors())
+        raise ValueError(errs) from None
 
 
 class FleetConfigError(ValueError):

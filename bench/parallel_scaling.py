@@ -43,8 +43,8 @@ def run_pass(engine: LLMEngine, work, tag: str) -> tuple[float, list[float], int
 
 
 def measure(path: str, tp: int, pp: int, args, work) -> dict:
-    if args.device == "cpu":  # the driver is a rank too: it gets the workers' share of the cores
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // (tp * pp)))
+    if args.device == "cpu":  # the driver is a rank too: by default it gets the workers' share of the cores
+        torch.set_num_threads(args.driver_threads or max(1, (os.cpu_count() or 1) // (tp * pp)))
     config = EngineConfig(model=path, device=args.device, kv_cache_memory_gib=args.kv_gib,
                           enable_prefix_caching=False, tensor_parallel_size=tp, pipeline_parallel_size=pp)
     engine = LLMEngine(config)
@@ -76,6 +76,8 @@ def main() -> None:
     p.add_argument("--num-requests", type=int, default=16)
     p.add_argument("--prompt-len", type=int, nargs=2, default=(32, 96))
     p.add_argument("--output-len", type=int, nargs=2, default=(32, 32))
+    p.add_argument("--driver-threads", type=int, default=None,
+                   help="CPU: torch threads of the driver (default: cores / ranks, as each worker gets)")
     p.add_argument("--kv-gib", type=float, default=0.25, help="KV cache per rank")
     args = p.parse_args()
     path = checkpoint(args.size)

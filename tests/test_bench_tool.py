@@ -258,7 +258,7 @@ def test_trace_replay_sends_at_the_trace_timestamps(server, tmp_path):
     assert rc == 0
     recs = res["runs"][0]["records"]
     assert [r["scheduled_s"] for r in recs] == pytest.approx([0.0, 0.3, 0.6])
-    assert [r["sent_s"] for r in recs] == pytest.approx([0.0, 0.3, 0.6], abs=0.03)
+    assert [r["sent_s"] for r in recs] == pytest.approx([0.0, 0.3, 0.6], abs=0.1)
     assert [(r["prompt_tokens"], r["output_tokens"]) for r in recs] == [(3, 2), (7, 3), (5, 4)]
 
 

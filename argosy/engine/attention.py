@@ -18,6 +18,7 @@ class PrefillChunk:
     query_len: int
     context_len: int  # tokens in the cache after this step (earlier ones + this chunk)
     block_table: torch.Tensor | None  # [blocks] holding the context; None when nothing was cached before
+    mask: torch.Tensor | None = None  # [query_len, context_len], built once per step for every layer
 
 
 @dataclass
@@ -74,11 +75,7 @@ def paged_attention(
             kp, vp, mask, causal = k[s:s + n], v[s:s + n], None, True
         else:
             kp, vp = gather_blocks(kv_cache, chunk.block_table.unsqueeze(0))
-            kp, vp = kp[0, :chunk.context_len], vp[0, :chunk.context_len]
-            # Query i sits at position context_len - n + i and sees keys up to that position.
-            mask = torch.ones(n, chunk.context_len, dtype=torch.bool, device=q.device)
-            mask = mask.tril(chunk.context_len - n)
-            causal = False
+            kp, vp, mask, causal = kp[0, :chunk.context_len], vp[0, :chunk.context_len], chunk.mask, False
         kp = kp.transpose(0, 1).unsqueeze(0)
         vp = vp.transpose(0, 1).unsqueeze(0)
         op = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=mask, is_causal=causal, scale=scale,

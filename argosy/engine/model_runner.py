@@ -121,8 +121,12 @@ class ModelRunner:
             positions.extend(range(start, end))
             ids = seq.block_ids
             slots.extend(ids[p // bs] * bs + p % bs for p in range(start, end))
-            table = torch.tensor(ids[: (end + bs - 1) // bs], dtype=torch.long, device=self.device) if start else None
-            chunks.append(PrefillChunk(q_start, n, end, table))
+            table = mask = None
+            if start:  # earlier tokens are in the cache: read them through the block table
+                table = torch.tensor(ids[: (end + bs - 1) // bs], dtype=torch.long, device=self.device)
+                # Query i sits at position start + i and sees keys up to that position.
+                mask = torch.ones(n, end, dtype=torch.bool, device=self.device).tril(start)
+            chunks.append(PrefillChunk(q_start, n, end, table, mask))
             if end == seq.num_tokens:
                 sample_rows.append(len(input_ids) - 1)
                 sampling_seqs.append(seq)
