@@ -19,6 +19,8 @@ def _add_engine_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--no-prefix-caching", action="store_true")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
+    p.add_argument("--pipeline-parallel-size", "-pp", type=int, default=1)
 
 
 def engine_config_from_args(args: argparse.Namespace, model: str):
@@ -27,7 +29,9 @@ def engine_config_from_args(args: argparse.Namespace, model: str):
     return EngineConfig(model=model, dtype=args.dtype, device=args.device, kv_cache_memory_gib=args.kv_cache_memory,
                         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
                         max_model_len=args.max_model_len, block_size=args.block_size,
-                        enable_prefix_caching=not args.no_prefix_caching, seed=args.seed)
+                        enable_prefix_caching=not args.no_prefix_caching, seed=args.seed,
+                        tensor_parallel_size=args.tensor_parallel_size,
+                        pipeline_parallel_size=args.pipeline_parallel_size)
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -106,9 +110,19 @@ def main(argv: list[str] | None = None) -> int:
     e = sub.add_parser("engine", help="serve one engine over the OpenAI-compatible HTTP API (port 8100)")
     add_engine_arguments(e)
     e.set_defaults(func=run_engine_server)
-    s = sub.add_parser("serve", help="serve the built-in model (or --model) on 127.0.0.1:8000")
-    add_engine_arguments(s)
-    s.set_defaults(func=run_engine_server, port_default=8000)
+    from argosy.fleet.serve import add_serve_arguments, run_serve
+    from argosy.fleet.status import add_config_arguments, add_status_arguments, run_config, run_status
+
+    s = sub.add_parser("serve", help="gateway + fleet controller + replicas: the built-in model (or --model, "
+                       "or --config fleet.yaml) on 127.0.0.1:8000")
+    add_serve_arguments(s)
+    s.set_defaults(func=run_serve)
+    st = sub.add_parser("status", help="a running `argosy serve`: models, replicas, load, autoscaler decisions")
+    add_status_arguments(st)
+    st.set_defaults(func=run_status)
+    cf = sub.add_parser("config", help="fleet files: `argosy config check fleet.yaml`")
+    add_config_arguments(cf)
+    cf.set_defaults(func=run_config)
     gw = sub.add_parser("gateway", help="the gateway: routing, admission control, keys, limits, guardrails")
     add_gateway_arguments(gw)
     gw.set_defaults(func=run_gateway)

@@ -51,8 +51,10 @@ def measure(path: str, tp: int, pp: int, args, work) -> dict:
     try:
         run_pass(engine, work[:4], "warm")
         seconds, steps, tokens = run_pass(engine, work, "a")
-        row = {"config": f"TP={tp} PP={pp}", "tok_s": tokens / seconds, "step_ms": 1e3 * statistics.mean(steps),
-               "step_p50_ms": 1e3 * statistics.median(steps), "comm": {}, "comm_max_ms": 0.0}
+        threads = f" ({torch.get_num_threads()} driver thread(s))" if args.device == "cpu" else ""
+        row = {"config": f"TP={tp} PP={pp}{threads}", "tok_s": tokens / seconds,
+               "step_ms": 1e3 * statistics.mean(steps), "step_p50_ms": 1e3 * statistics.median(steps),
+               "comm": {}, "comm_max_ms": 0.0}
         runner = engine.runner
         if tp * pp > 1:
             runner.stats(reset_comm=True)
@@ -102,7 +104,8 @@ def main() -> None:
     if args.device == "cpu":
         print(f"note: this machine has {cores} CPU core(s), shared by all ranks (and Gloo's TCP loopback); "
               "N ranks here split the same cores, so no speed-up can show; these figures measure the "
-              "parallel machinery's overhead, not its scaling. Run with --device cuda on a multi-GPU host.")
+              "parallel machinery's overhead, not its scaling. Run with --device cuda on a multi-GPU host. "
+              "On a busy machine, multi-threaded torch suffers most: compare with --driver-threads 1 too.")
 
 
 if __name__ == "__main__":  # the spawned ranks import this module: keep the work under the guard

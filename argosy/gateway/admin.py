@@ -7,6 +7,7 @@ DELETE /admin/upstreams {model, url}      remove one
 GET /admin/keys                           key names, models, limits and usage (never hashes)
 POST /admin/keys {name[, models, rpm, tpm, priority]}  create; the key is in this answer only
 DELETE /admin/keys/NAME                   revoke
+GET /admin/fleet                          with `argosy serve`: nodes, replicas, states, autoscaler decisions
 """
 
 from __future__ import annotations
@@ -76,4 +77,6 @@ async def handle(gw, scope, receive, send, path: str, method: str) -> None:
     if path.startswith("/admin/keys/") and method == "DELETE":
         ok = gw.keys.remove(path.rsplit("/", 1)[1])
         return await respond(send, 200 if ok else 404, json.dumps({"ok": ok}).encode())
+    if path == "/admin/fleet" and method == "GET" and getattr(gw, "controller", None) is not None:
+        return await respond(send, 200, json.dumps(gw.controller.status()).encode())  # `argosy status`
     raise GatewayError(404, f"no admin route {method} {path}", "not_found_error", "not_found")

@@ -186,6 +186,8 @@ class Gateway:
         disconnected = asyncio.ensure_future(receive()) if stream else None
         self.m.in_flight.labels(model_name).set(rt.admission.in_flight)
         try:
+            if rt.activator is not None:
+                await rt.activator(rt)  # scaled to zero: held (bounded) while the controller starts a replica
             await self.proxy.forward(call, send, disconnected)
         except GatewayError as e:
             self.m.rejections.labels(model_name, e.code).inc()

@@ -60,6 +60,9 @@ class ModelRuntime:
         self.total_weight = sum(w for _, w in self.weights) or 1.0
         self.shadow = cfg.shadow
         self.shadow_router: Router | None = None
+        # Set by the fleet controller (argosy serve): `await activator(rt)` holds a request while the model
+        # has no live upstream and a replica is starting (scale from zero), or raises a GatewayError.
+        self.activator = None
         if cfg.shadow:
             self.shadow_router = Router(cfg.routing.model_copy(update={"policy": "least_load"}), None, index)
             self.shadow_router.set_upstreams([reg.get(x) for x in cfg.shadow.upstreams or []])

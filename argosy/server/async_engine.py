@@ -210,6 +210,8 @@ class AsyncEngine:
                     while not self._commands and not self._stopping:
                         self._cv.wait()
                 if self._stopping:
+                    if hasattr(engine, "close"):
+                        engine.close()  # ends tensor/pipeline-parallel workers, if any
                     return
                 commands, self._commands = self._commands, []
             if commands:

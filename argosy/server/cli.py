@@ -35,6 +35,8 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
     parser.add_argument("--no-prefix-caching", action="store_true", help="turn off automatic prefix caching")
     parser.add_argument("--scheduling-policy", default="fcfs", choices=["fcfs", "priority"])
+    parser.add_argument("--tensor-parallel-size", "-tp", type=int, default=1, help="GPUs (or CPU ranks) per stage")
+    parser.add_argument("--pipeline-parallel-size", "-pp", type=int, default=1, help="pipeline stages")
     parser.add_argument("--max-queue", type=int, default=DEFAULT_MAX_QUEUE,
                         help="waiting requests past which the server answers 503 with Retry-After")
     parser.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES,
@@ -70,7 +72,8 @@ def run_engine_server(args: argparse.Namespace) -> None:
             kv_cache_memory_gib=args.kv_cache_memory, max_num_seqs=args.max_num_seqs,
             max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
             enable_prefix_caching=not args.no_prefix_caching, scheduling_policy=args.scheduling_policy,
-            seed=args.seed,
+            seed=args.seed, tensor_parallel_size=args.tensor_parallel_size,
+            pipeline_parallel_size=args.pipeline_parallel_size,
         )
     except ValueError as exc:
         raise SystemExit(f"argosy engine: {exc}") from None

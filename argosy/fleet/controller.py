@@ -1,0 +1,99 @@
+"""The fleet controller: one ModelController per managed model, the providers and the shared placer.
+
+It runs in the gateway's event loop (`argosy serve`): replicas join and leave the gateway's routing
+sets in-process, and the gateway's activator hook holds requests for a model scaled to zero.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import logging
+from typing import Any
+
+from argosy.config import FleetConfig, ModelConfig
+from argosy.fleet.local import LocalProvider
+from argosy.fleet.metrics import FleetMetrics
+from argosy.fleet.model_controller import ModelController
+from argosy.fleet.placement import Need, Node, Placer, detect_nodes, replica_need
+
+log = logging.getLogger("argosy.fleet")
+
+
+def make_provider(name: str, options: dict) -> Any:
+    if name == "local":
+        return LocalProvider(options)
+    if name == "ray":
+        from argosy.fleet.ray_provider import RayProvider
+
+        return RayProvider(options)
+    raise ValueError(f"providers.{name}: unknown provider (local, ray)")
+
+
+def managed(fleet: FleetConfig) -> list[ModelConfig]:
+    """Models the controller starts replicas for: a checkpoint and no fixed upstreams."""
+    return [m for m in fleet.models if m.checkpoint and m.upstreams is None and not m.traffic]
+
+
+def model_need(m: ModelConfig, nodes: list[Node]) -> Need:
+    gpus_here = any(n.gpus for n in nodes if n.provider == m.provider)
+    on_gpu = m.engine.device.startswith("cuda") or (m.engine.device == "auto" and gpus_here)
+    return replica_need(m.checkpoint, m.engine, on_gpu)
+
+
+class Controller:
+    def __init__(self, fleet: FleetConfig, gateway: Any):
+        self.fleet, self.gw = fleet, gateway
+        self.metrics = FleetMetrics(gateway.m.registry)
+        self.providers: dict[str, Any] = {}
+        self.models: dict[str, ModelController] = {}
+        self.placer: Placer | None = None
+
+    async def start(self) -> None:
+        models = managed(self.fleet)
+        for m in models:
+            if m.provider not in self.providers:
+                self.providers[m.provider] = make_provider(m.provider, self.fleet.providers.get(m.provider, {}))
+        nodes = detect_nodes(self.fleet.nodes) if self.fleet.nodes else await self._discover()
+        self.placer = Placer(nodes)
+        for n in nodes:
+            gpus = ", ".join(f"{g.model} {g.memory_gib:.0f} GiB" for g in n.gpus) or "no GPUs"
+            ram = "unbounded" if n.memory_gib == float("inf") else f"{n.memory_gib:.1f} GiB"
+            log.info("fleet: node %s (%s): %s, RAM %s", n.name, n.provider, gpus, ram)
+        for m in models:
+            mc = ModelController(m, self.gw.models[m.name], self.gw, self.providers[m.provider], self.placer,
+                                 model_need(m, nodes), self.metrics)
+            self.models[m.name] = mc
+            mc.start()
+        atexit.register(self.kill_now)  # backstop if the loop never reaches stop()
+
+    async def _discover(self) -> list[Node]:
+        nodes: list[Node] = []
+        for name, p in self.providers.items():
+            found = await p.nodes() if hasattr(p, "nodes") else [n for n in detect_nodes(None)]
+            for n in found:
+                n.provider = name
+            nodes += found
+        return nodes or detect_nodes(None)
+
+    async def stop(self) -> None:
+        await asyncio.gather(*(mc.stop() for mc in self.models.values()), return_exceptions=True)
+        for p in self.providers.values():
+            await p.close()
+
+    def kill_now(self) -> None:
+        for mc in self.models.values():
+            for r in list(mc.replicas.values()):
+                kill = getattr(mc.provider, "kill_now", None)
+                if kill is not None:
+                    kill(r)
+
+    def status(self) -> dict:
+        nodes = []
+        for n in (self.placer.nodes.values() if self.placer else []):
+            nodes.append({"name": n.name, "provider": n.provider,
+                          "gpus": [{"index": g.index, "model": g.model, "memory_gib": g.memory_gib,
+                                    "used_gib": round(g.used_gib, 3)} for g in n.gpus],
+                          "memory_gib": None if n.memory_gib == float("inf") else round(n.memory_gib, 2),
+                          "used_gib": round(n.used_gib, 3)})
+        return {"nodes": nodes, "models": [mc.status() for mc in self.models.values()]}

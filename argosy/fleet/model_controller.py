@@ -1,0 +1,313 @@
+"""One model's reconcile loop: observe load, ask the autoscaler, start, promote, drain and replace replicas."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections import deque
+from typing import Any
+
+import aiohttp
+
+from argosy.config import ModelConfig
+from argosy.fleet.autoscaler import Autoscaler, Decision, Observation
+from argosy.fleet.metrics import FleetMetrics
+from argosy.fleet.placement import Need, Placer, Unplaceable
+from argosy.fleet.replica import DRAINING, FAILED, LIVE, READY, STARTING, STOPPED, WARMING, Replica, ReplicaSpec
+from argosy.gateway.errors import unavailable
+from argosy.gateway.health import parse_gauges
+
+log = logging.getLogger("argosy.fleet")
+MAX_BACKOFF_S = 30.0
+
+
+def engine_args(cfg: ModelConfig, on_gpu: bool) -> list[str]:
+    e = cfg.engine
+    a = ["--dtype", e.dtype, "--max-num-seqs", str(e.max_num_seqs), "--max-num-batched-tokens",
+         str(e.max_num_batched_tokens), "--device", "cuda" if on_gpu and e.device == "auto" else e.device]
+    if e.kv_cache_memory_gib is not None:
+        a += ["--kv-cache-memory", str(e.kv_cache_memory_gib)]
+    if e.max_model_len is not None:
+        a += ["--max-model-len", str(e.max_model_len)]
+    return a
+
+
+class ModelController:
+    def __init__(self, cfg: ModelConfig, rt: Any, gw: Any, provider: Any, placer: Placer, need: Need,
+                 metrics: FleetMetrics, clock=time.monotonic):
+        self.cfg, self.a, self.rt, self.gw, self.provider = cfg, cfg.autoscaling, rt, gw, provider
+        self.placer, self.need, self.m, self.clock = placer, need, metrics, clock
+        self.name = cfg.name
+        self.scaler = Autoscaler(self.a, clock)
+        self.replicas: dict[str, Replica] = {}
+        self.recent_failures: deque[dict] = deque(maxlen=10)
+        self.decisions: deque[dict] = deque(maxlen=20)
+        self.wake = asyncio.Event()
+        self.routed = asyncio.Event()  # replaced each time a replica joins the routing set
+        self.failures, self.next_start_at = 0, 0.0
+        self.unplaceable: str | None = None
+        self.held = 0
+        self.done_counts: dict[str, int] = {}
+        self.last_obs_t = clock()
+        self.task: asyncio.Task | None = None
+        rt.activator = self.activate
+
+    # ------------------------------------------------------------------ loop
+
+    def start(self) -> None:
+        self.task = asyncio.get_running_loop().create_task(self.run())
+
+    async def run(self) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.wake.wait(), self.a.tick_s)
+            self.wake.clear()
+            try:
+                await self.tick()
+            except Exception:  # a bug in one tick must not end the loop that keeps replicas alive
+                log.exception("fleet: %s: tick failed", self.name)
+
+    def poke(self) -> None:
+        self.wake.set()
+
+    def ready_routed(self) -> list[Replica]:
+        return [r for r in self.replicas.values() if r.state == READY and not r.pooled]
+
+    async def tick(self) -> None:
+        ready = self.ready_routed()
+        if self.a.metric in ("queue", "kv_cache"):
+            await self.scrape(ready)
+        self.scaler.observe(self.observe(ready), len(ready))
+        active = [r for r in self.replicas.values() if not r.pooled and r.state in LIVE]
+        d = self.scaler.decide(len(ready), len(active))
+        self.record(d)
+        self.reconcile(d.desired)
+        self.export()
+
+    def observe(self, ready: list[Replica]) -> Observation:
+        now = self.clock()
+        adm = self.rt.admission
+        ups = [self.gw.reg.by_url[r.url] for r in ready if r.url in self.gw.reg.by_url]
+        total = 0
+        for r in self.replicas.values():
+            u = self.gw.reg.by_url.get(r.url or "")
+            if u is not None:
+                n = u.served + u.failed
+                total += n - self.done_counts.get(u.url, n)  # new replicas count from now
+                self.done_counts[u.url] = n
+        dt, self.last_obs_t = max(now - self.last_obs_t, 1e-3), now
+        kv = sum(u.kv_usage for u in ups) / len(ups) if ups else 0.0
+        return Observation(concurrency=adm.in_flight + adm.waiting, rps=total / dt,
+                           queue=adm.waiting + sum(u.waiting for u in ups), kv_cache=kv)
+
+    async def scrape(self, ready: list[Replica]) -> None:
+        async def one(r: Replica) -> None:
+            u = self.gw.reg.by_url.get(r.url)
+            with contextlib.suppress(Exception):
+                async with self.gw.session.get(r.url + "/metrics", timeout=aiohttp.ClientTimeout(total=2)) as resp:
+                    g = parse_gauges(await resp.read())
+                if u is not None:
+                    u.waiting, u.kv_usage = g.get("waiting", 0.0), g.get("kv_usage", 0.0)
+        await asyncio.gather(*(one(r) for r in ready))
+
+    def record(self, d: Decision) -> None:
+        prev = self.decisions[-1] if self.decisions else None
+        self.m.decisions.labels(self.name, d.direction).inc()
+        self.m.desired.labels(self.name).set(d.desired)
+        self.m.panic.labels(self.name).set(1 if d.panic else 0)
+        self.m.observed.labels(self.name, "stable").set(d.stable_value)
+        self.m.observed.labels(self.name, "panic").set(d.panic_value)
+        changed = prev is None or prev["desired"] != d.desired or prev["panic"] != d.panic
+        if d.direction != "hold" or changed:
+            entry = {"event": "scale_decision", "model": self.name, "at": time.strftime("%H:%M:%S"), **d.as_dict()}
+            self.decisions.append(entry)
+            log.info(json.dumps(entry))
+
+    def export(self) -> None:
+        counts: dict[tuple[str, str], int] = {}
+        for r in self.replicas.values():
+            k = (r.state, "true" if r.pooled else "false")
+            counts[k] = counts.get(k, 0) + 1
+        for state in (STARTING, WARMING, READY, DRAINING):
+            for pooled in ("true", "false"):
+                self.m.replicas.labels(self.name, state, pooled).set(counts.get((state, pooled), 0))
+        self.m.actual.labels(self.name).set(len(self.ready_routed()))
+        self.m.unplaceable.labels(self.name).set(1 if self.unplaceable else 0)
+        self.m.held.labels(self.name).set(self.held)
+
+    # ------------------------------------------------------------------ reconcile
+
+    def reconcile(self, desired: int) -> None:
+        active = [r for r in self.replicas.values() if not r.pooled and r.state in LIVE]
+        pool = sorted((r for r in self.replicas.values() if r.pooled and r.state in LIVE),
+                      key=lambda r: r.state != READY)  # ready ones first
+        for _ in range(desired - len(active)):
+            if pool:  # the warm pool takes traffic the moment it is needed
+                r = pool.pop(0)
+                r.pooled = False
+                log.info("fleet: %s: %s promoted from the warm pool (%s)", self.name, r.id, r.state)
+                if r.state == READY:
+                    self.route(r)
+            elif not self.launch(pooled=False):
+                break
+        if desired < len(active):
+            order = {STARTING: 0, WARMING: 1, READY: 2}
+            victims = sorted(active, key=lambda r: (order[r.state], self._in_flight(r), -r.created))
+            for r in victims[:len(active) - desired]:
+                asyncio.get_running_loop().create_task(self.drain(r))
+        for _ in range(self.a.warm_pool - len(pool)):
+            if not self.launch(pooled=True):
+                break
+        for r in pool[self.a.warm_pool:]:
+            asyncio.get_running_loop().create_task(self.drain(r))
+
+    def launch(self, pooled: bool) -> bool:
+        if self.clock() < self.next_start_at:
+            return False  # backing off after a crash; the next tick tries again
+        spec = ReplicaSpec(self.name, str(self.cfg.checkpoint), engine_args(self.cfg, self.need.gpus > 0))
+        r = Replica(self.name, spec, pooled=pooled)
+        try:
+            spec.placement = self.placer.place(r.id, self.name, self.need, self.cfg.provider)
+        except Unplaceable as e:
+            if self.unplaceable != str(e):
+                log.warning(json.dumps({"event": "unplaceable", "model": self.name, "reason": str(e)}))
+            self.unplaceable = str(e)
+            return False
+        self.unplaceable = None
+        self.replicas[r.id] = r
+        log.info("fleet: %s: starting %s%s on %s", self.name, r.id, " (warm pool)" if pooled else "",
+                 spec.placement.node)
+        r.task = asyncio.get_running_loop().create_task(self.run_replica(r))
+        return True
+
+    def _in_flight(self, r: Replica) -> int:
+        u = self.gw.reg.by_url.get(r.url or "")
+        return u.in_flight if u is not None else 0
+
+    def route(self, r: Replica) -> None:
+        self.rt.add_upstream(r.url)
+        ev, self.routed = self.routed, asyncio.Event()
+        ev.set()
+
+    async def run_replica(self, r: Replica) -> None:
+        try:
+            await self.provider.start(r)
+            r.state = WARMING
+            while not await self._is_ready(r):
+                if not self.provider.alive(r):
+                    raise RuntimeError(f"exited while warming: {r.detail}")
+                await asyncio.sleep(0.25)
+            r.state, r.ready_at = READY, self.clock()
+            self.failures = 0
+            self.m.cold_start.labels(self.name).observe(r.ready_at - r.created)
+            log.info("fleet: %s: %s ready at %s after %.1f s%s", self.name, r.id, r.url, r.ready_at - r.created,
+                     " (warm pool)" if r.pooled else "")
+            if not r.pooled:
+                self.route(r)
+            await self.provider.wait(r)
+            if r.state == READY:
+                raise RuntimeError(f"exited: {r.detail}")
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            if r.state in (DRAINING, STOPPED):
+                return
+            await self._failed(r, e)
+
+    async def _is_ready(self, r: Replica) -> bool:
+        try:
+            async with self.gw.session.get(r.url + "/ready", timeout=aiohttp.ClientTimeout(total=2)) as resp:
+                await resp.read()
+                return resp.status == 200
+        except (TimeoutError, aiohttp.ClientError, OSError):
+            return False
+
+    async def _failed(self, r: Replica, e: Exception) -> None:
+        r.state, r.detail = FAILED, f"{type(e).__name__}: {e}"[-300:]
+        self.failures += 1
+        delay = min(self.a.restart_backoff_s * 2 ** (self.failures - 1), MAX_BACKOFF_S)
+        self.next_start_at = self.clock() + delay
+        self.m.restarts.labels(self.name).inc()
+        log.warning(json.dumps({"event": "replica_failed", "model": self.name, "replica": r.id, "url": r.url,
+                                "detail": r.detail, "restart_in_s": round(delay, 2)}))
+        self._forget(r)
+        with contextlib.suppress(Exception):
+            await self.provider.stop(r, 5.0)
+        self.recent_failures.append(r.snapshot())
+        self.poke()
+
+    def _forget(self, r: Replica) -> None:
+        if r.url:
+            self.rt.remove_upstream(r.url)
+            self.gw.reg.by_url.pop(r.url, None)  # a later replica on the same port starts fresh
+        self.placer.release(r.id)
+        self.replicas.pop(r.id, None)
+
+    async def drain(self, r: Replica, timeout: float | None = None) -> None:
+        """Out of the routing set at once; its requests finish (bounded by drain_timeout_s); then stop."""
+        if r.state in (DRAINING, STOPPED):
+            return
+        was_ready, r.state = r.state == READY, DRAINING
+        if r.url:
+            self.rt.remove_upstream(r.url)
+        deadline = self.clock() + (self.a.drain_timeout_s if timeout is None else timeout)
+        if was_ready:
+            while self._in_flight(r) > 0 and self.clock() < deadline:
+                r.detail = f"draining: {self._in_flight(r)} in flight"
+                await asyncio.sleep(0.1)
+        log.info(json.dumps({"event": "replica_drained", "model": self.name, "replica": r.id, "url": r.url,
+                             "left_in_flight": self._in_flight(r)}))
+        if r.task is not None and r.task is not asyncio.current_task():
+            r.task.cancel()
+        await self.provider.stop(r)
+        r.state = STOPPED
+        self._forget(r)
+
+    async def stop(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.task
+        await asyncio.gather(*(self.drain(r, timeout=0) for r in list(self.replicas.values())),
+                             return_exceptions=True)
+
+    # ------------------------------------------------------------------ the activator
+
+    async def activate(self, rt: Any) -> None:
+        """Hold a request while the model has no live upstream but a replica is (or will be) starting."""
+        if any(u.available() for r in rt.routers.values() for u in r.upstreams):
+            return
+        if self.unplaceable and not self.replicas:
+            raise unavailable(f"model {self.name!r} has no replica and none can be placed: {self.unplaceable}",
+                              "unplaceable", retry_after=30.0)
+        starting = any(r.state in (STARTING, WARMING) for r in self.replicas.values())
+        if self.ready_routed() and not starting:
+            return  # replicas exist but are ejected: the proxy answers (503) as before
+        self.held += 1
+        self.m.held.labels(self.name).set(self.held)
+        self.poke()
+        deadline = self.clock() + self.a.cold_start_timeout_s
+        try:
+            while not any(u.available() for r in rt.routers.values() for u in r.upstreams):
+                left = deadline - self.clock()
+                if left <= 0:
+                    raise unavailable(f"model {self.name!r}: no replica became ready within "
+                                      f"{self.a.cold_start_timeout_s:g} s; retry later", "cold_start_timeout",
+                                      retry_after=5.0)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.routed.wait(), min(left, 1.0))
+        finally:
+            self.held -= 1
+            self.m.held.labels(self.name).set(self.held)
+
+    def status(self) -> dict:
+        return {"model": self.name, "provider": self.cfg.provider, "desired": self.scaler.last.desired
+                if self.scaler.last else None, "panic": bool(self.scaler.last and self.scaler.last.panic),
+                "in_flight": self.rt.admission.in_flight, "queued": self.rt.admission.waiting, "held": self.held,
+                "unplaceable": self.unplaceable, "need": {"gpus": self.need.gpus,
+                "gib": None if self.need.gib == float("inf") else self.need.gib},
+                "replicas": [r.snapshot(self._in_flight(r)) for r in self.replicas.values()],
+                "recent_failures": list(self.recent_failures), "decisions": list(self.decisions)[-5:]}

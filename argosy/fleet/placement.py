@@ -1,0 +1,223 @@
+"""Where replicas go: nodes, their GPUs and memory, each replica's need, best-fit decreasing.
+
+A replica needs `gpus` devices with `gib` free on each (weights / GPUs + KV-cache budget + overhead),
+or, on the CPU, `gib` of host RAM. Nodes come from the fleet file's `nodes`, else `nvidia-smi`, else
+this machine as one GPU-less node whose RAM is what is available now. The placer never oversubscribes;
+it keeps a model's replicas on different nodes when it can; a replica it cannot place gets a reason.
+The same placer serves every provider (a node's `provider` says which one starts replicas there).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from argosy.config import EngineSection, NodeConfig
+
+GIB = 1024 ** 3
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+GPU_OVERHEAD_GIB = 1.0  # CUDA context, activations, allocator slack
+CPU_OVERHEAD_GIB = 0.5  # the Python process, torch, activations
+CPU_KV_DEFAULT_GIB = 2.0  # the engine's own default KV budget on the CPU
+GPU_KV_SHARE = 0.9  # with no kv_cache_memory_gib the engine takes 90% of what is free: the whole GPU
+
+
+@dataclass
+class GPU:
+    index: int
+    model: str
+    memory_gib: float
+    used_gib: float = 0.0
+
+    @property
+    def free_gib(self) -> float:
+        return self.memory_gib - self.used_gib
+
+
+@dataclass
+class Node:
+    name: str
+    provider: str = "local"
+    gpus: list[GPU] = field(default_factory=list)
+    memory_gib: float = float("inf")  # host RAM for CPU replicas
+    used_gib: float = 0.0
+    resources: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def free_gib(self) -> float:
+        return self.memory_gib - self.used_gib
+
+
+@dataclass(frozen=True)
+class Need:
+    gpus: int  # 0: a CPU replica
+    gib: float  # per GPU, or host RAM for a CPU replica
+
+    def size(self) -> float:
+        return max(self.gpus, 1) * self.gib
+
+
+@dataclass(frozen=True)
+class Placement:
+    node: str
+    gpus: tuple[int, ...]  # GPU indices on that node
+    need: Need
+
+
+class Unplaceable(Exception):
+    """No node can take the replica; the message says why."""
+
+
+def parameter_count(cfg: dict) -> int:
+    """Parameters of a Llama-family checkpoint from its config.json."""
+    h, inter, layers = cfg["hidden_size"], cfg["intermediate_size"], cfg["num_hidden_layers"]
+    heads = cfg["num_attention_heads"]
+    kv = cfg.get("num_key_value_heads", heads)
+    hd = cfg.get("head_dim") or h // heads
+    vocab = cfg["vocab_size"]
+    attn = h * heads * hd * 2 + h * kv * hd * 2
+    per_layer = attn + 3 * h * inter + 2 * h
+    emb = vocab * h * (1 if cfg.get("tie_word_embeddings") else 2)
+    return layers * per_layer + emb + h
+
+
+def replica_need(checkpoint: str | Path, engine: EngineSection, on_gpu: bool) -> Need:
+    """Memory one replica needs, from the checkpoint's config.json and the engine settings."""
+    cfg = json.loads((Path(checkpoint) / "config.json").read_text())
+    dtype = engine.dtype
+    if dtype == "auto":
+        dtype = str(cfg.get("torch_dtype", "bfloat16")) if on_gpu else "float32"
+    weights_gib = parameter_count(cfg) * DTYPE_BYTES.get(dtype, 2) / GIB
+    n = engine.tensor_parallel_size * engine.pipeline_parallel_size
+    if not on_gpu:
+        kv = engine.kv_cache_memory_gib if engine.kv_cache_memory_gib is not None else CPU_KV_DEFAULT_GIB
+        return Need(0, round(weights_gib + kv + CPU_OVERHEAD_GIB, 3))
+    if engine.kv_cache_memory_gib is None:
+        return Need(n, float("inf"))  # the engine takes most of each GPU: ask for whole free GPUs
+    return Need(n, round(weights_gib / n + engine.kv_cache_memory_gib / n + GPU_OVERHEAD_GIB, 3))
+
+
+def detect_nodes(configured: list[NodeConfig] | None) -> list[Node]:
+    if configured:
+        return [Node(n.name, n.provider, [GPU(i, g.model, g.memory_gib) for i, g in enumerate(n.gpus)],
+                     n.memory_gib if n.memory_gib is not None else float("inf"), resources=dict(n.resources))
+                for n in configured]
+    return [Node("local", "local", nvidia_smi_gpus(), available_ram_gib())]
+
+
+def nvidia_smi_gpus() -> list[GPU]:
+    if shutil.which("nvidia-smi") is None:
+        return []
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=index,name,memory.total", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    gpus = []
+    for line in out.strip().splitlines():
+        idx, name, mib = (x.strip() for x in line.split(","))
+        gpus.append(GPU(int(idx), name, float(mib) / 1024))
+    return gpus
+
+
+def available_ram_gib() -> float:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) / 1024 ** 2
+    except OSError:
+        pass
+    return float("inf")
+
+
+class Placer:
+    """Tracks what is allocated on each node; `place` one replica, `release` it when it stops."""
+
+    def __init__(self, nodes: list[Node]):
+        self.nodes = {n.name: n for n in nodes}
+        self.held: dict[str, tuple[str, Placement]] = {}  # replica id -> (model, placement)
+
+    def _fits(self, node: Node, need: Need, avoid: set[int]) -> tuple[float, tuple[int, ...]] | None:
+        """(memory left after placing, GPU indices) for the tightest fit on this node, or None;
+        GPUs in `avoid` (holding a copy of the same model) are taken last."""
+        if need.gpus == 0:
+            left = node.free_gib - need.gib
+            return (left, ()) if left >= -1e-9 else None
+        whole = need.gib == float("inf")
+        free = sorted((g for g in node.gpus if (g.used_gib == 0 if whole else g.free_gib >= need.gib - 1e-9)),
+                      key=lambda g: (g.index in avoid, g.free_gib))
+        if len(free) < need.gpus:
+            return None
+        chosen = free[:need.gpus]  # the tightest GPUs that fit: best fit
+        left = sum(g.free_gib for g in chosen) - (0 if need.gib == float("inf") else need.gib * need.gpus)
+        return left, tuple(g.index for g in chosen)
+
+    def place(self, replica_id: str, model: str, need: Need, provider: str | None = None) -> Placement:
+        same = {p.node for m, p in self.held.values() if m == model}
+        same_gpus = {(p.node, g) for m, p in self.held.values() if m == model for g in p.gpus}
+        best: tuple[tuple, Node, tuple[int, ...]] | None = None
+        for node in self.nodes.values():
+            if provider is not None and node.provider != provider:
+                continue
+            fit = self._fits(node, need, {g for n, g in same_gpus if n == node.name})
+            if fit is None:
+                continue
+            # Spread a model across nodes, then across GPUs (two copies on one GPU compete), then best fit.
+            key = (node.name in same, any((node.name, g) in same_gpus for g in fit[1]), fit[0])
+            if best is None or key < best[0]:
+                best = (key, node, fit[1])
+        if best is None:
+            raise Unplaceable(self._why(model, need, provider))
+        _, node, gpus = best
+        p = Placement(node.name, gpus, need)
+        if need.gpus == 0:
+            node.used_gib += need.gib
+        for g in node.gpus:
+            if g.index in gpus:
+                g.used_gib += g.memory_gib if need.gib == float("inf") else need.gib
+        self.held[replica_id] = (model, p)
+        return p
+
+    def release(self, replica_id: str) -> None:
+        held = self.held.pop(replica_id, None)
+        if held is None:
+            return
+        p = held[1]
+        node = self.nodes[p.node]
+        if p.need.gpus == 0:
+            node.used_gib -= p.need.gib
+        for g in node.gpus:
+            if g.index in p.gpus:
+                g.used_gib -= g.memory_gib if p.need.gib == float("inf") else p.need.gib
+
+    def _why(self, model: str, need: Need, provider: str | None) -> str:
+        nodes = [n for n in self.nodes.values() if provider is None or n.provider == provider]
+        if not nodes:
+            return f"{model}: no node for provider {provider!r}"
+        if need.gpus == 0:
+            most = max(nodes, key=lambda n: n.free_gib)
+            return (f"{model}: needs {need.gib:.2f} GiB of RAM; the most free is {most.free_gib:.2f} GiB "
+                    f"on {most.name}")
+        biggest = max(nodes, key=lambda n: len(n.gpus))
+        if len(biggest.gpus) < need.gpus:
+            return (f"{model}: needs {need.gpus} GPUs on one node; the largest node ({biggest.name}) has "
+                    f"{len(biggest.gpus)}")
+        what = "a whole free GPU" if need.gib == float("inf") else f"{need.gib:.2f} GiB free"
+        frees = ", ".join(f"{n.name}: " + "/".join(f"{g.free_gib:.1f}" for g in n.gpus) for n in nodes)
+        return f"{model}: needs {need.gpus} GPU(s) with {what} each; free GiB per GPU: {frees}"
+
+
+def place_all(nodes: list[Node], wanted: list[tuple[str, str, Need]]) -> tuple[dict[str, Placement], dict[str, str]]:
+    """Best-fit decreasing for a batch: (replica id, model, need) in; placements and reasons out."""
+    placer = Placer(nodes)
+    placed, failed = {}, {}
+    for rid, model, need in sorted(wanted, key=lambda w: -w[2].size() if w[2].gib != float("inf")
+                                   else -1e18 - w[2].gpus):
+        try:
+            placed[rid] = placer.place(rid, model, need)
+        except Unplaceable as e:
+            failed[rid] = str(e)
+    return placed, failed

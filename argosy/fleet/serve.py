@@ -1,0 +1,124 @@
+"""`argosy serve`: the gateway, the fleet controller and the replicas, in one process tree.
+
+    argosy serve                       the built-in model, one local replica, http://127.0.0.1:8000
+    argosy serve --model PATH          that checkpoint instead (a one-model fleet)
+    argosy serve --config fleet.yaml   every managed model in the file, each scaled on its own
+
+Ctrl-C or SIGTERM: the gateway stops taking connections, then every replica is stopped (their own
+process groups; PR_SET_PDEATHSIG ends them should this process die without cleaning up).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import socket
+import sys
+from pathlib import Path
+
+from argosy.config import FleetConfig, FleetConfigError, load_fleet, parse_fleet
+from argosy.models.builtin import BUILTIN_MODEL_DIR
+
+BUILTIN_SERVED_NAME = "builtin"  # what `argosy engine` serves the built-in folder as, and the README uses
+
+
+def add_serve_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", help="fleet file (YAML): models, replicas, autoscaling, placement")
+    p.add_argument("--model", help="serve this checkpoint folder as a one-model fleet (default: the built-in model)")
+    p.add_argument("--served-model-name", help="with --model: the name clients send (default: the folder's name)")
+    p.add_argument("--replicas", type=int, default=None, help="with --model or no config: fixed replica count")
+    p.add_argument("--kv-cache-memory", type=float, default=None, metavar="GIB", help="with --model: KV per replica")
+    p.add_argument("--host", help="override gateway.host")
+    p.add_argument("--port", type=int, help="override gateway.port (0: any free port, printed)")
+    p.add_argument("--insecure", action="store_true", help="allow a non-loopback address with no API keys")
+    p.add_argument("--log-level", default="info")
+
+
+def fleet_from_args(args: argparse.Namespace) -> FleetConfig:
+    if args.config:
+        fleet = load_fleet(args.config)
+        if args.model:
+            raise FleetConfigError("give --config or --model, not both")
+        if not fleet.models:  # an empty file: the built-in model on one replica
+            fleet = fleet.model_copy(update={"models": default_fleet(args).models})
+        return fleet
+    return default_fleet(args)
+
+
+def default_fleet(args: argparse.Namespace) -> FleetConfig:
+    ckpt = Path(args.model) if args.model else BUILTIN_MODEL_DIR
+    name = args.served_model_name or (Path(ckpt).resolve().name if args.model else BUILTIN_SERVED_NAME)
+    n = args.replicas or 1
+    engine = {"kv_cache_memory_gib": args.kv_cache_memory} if args.kv_cache_memory else {}
+    return parse_fleet({"models": [{"name": name, "checkpoint": str(ckpt), "engine": engine,
+                                    "autoscaling": {"min_replicas": n, "max_replicas": n}}]}, "argosy serve")
+
+
+class ServeApp:
+    """The gateway's ASGI app, with the controller started after it and stopped before it."""
+
+    def __init__(self, fleet: FleetConfig):
+        from argosy.fleet.controller import Controller
+        from argosy.gateway.app import Gateway
+
+        self.gateway = Gateway(fleet)
+        self.controller = Controller(fleet, self.gateway)
+        self.gateway.controller = self.controller  # GET /admin/fleet
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "lifespan":
+            return await self.gateway(scope, receive, send)
+        while True:
+            msg = await receive()
+            if msg["type"] == "lifespan.startup":
+                await self.gateway.startup()
+                await self.controller.start()
+                await send({"type": "lifespan.startup.complete"})
+            else:
+                print("argosy serve: stopping replicas ...", flush=True)
+                await self.controller.stop()
+                await self.gateway.shutdown()
+                print("argosy serve: stopped", flush=True)
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from argosy.fleet.controller import managed
+    from argosy.gateway.cli import is_loopback
+
+    try:
+        fleet = fleet_from_args(args)
+    except FleetConfigError as e:
+        print(f"argosy serve: {e}", file=sys.stderr)
+        return 2
+    for m in managed(fleet):
+        if not (Path(m.checkpoint) / "config.json").is_file():
+            print(f"argosy serve: model {m.name!r}: no checkpoint at {m.checkpoint} (config.json missing)",
+                  file=sys.stderr)
+            return 2
+    gw = fleet.gateway
+    host = args.host or gw.host
+    port = gw.port if args.port is None else args.port
+    if not fleet.keys and not is_loopback(host) and not args.insecure:
+        print(f"argosy serve: refusing to listen on {host} with no API keys configured; add one with "
+              f"`argosy keys add NAME --config FILE`, bind 127.0.0.1, or pass --insecure", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(4096)
+    shown = f"[{host}]" if family == socket.AF_INET6 else host
+    scheme = "https" if gw.tls.cert else "http"
+    models = ", ".join(f"{m.name} ({m.autoscaling.min_replicas}..{m.autoscaling.max_replicas} replicas)"
+                       for m in managed(fleet))
+    print(f"argosy serve: gateway listening on {scheme}://{shown}:{sock.getsockname()[1]}; models: {models}",
+          flush=True)
+    cfg = uvicorn.Config(ServeApp(fleet), lifespan="on", access_log=False, log_level="warning",
+                         ssl_certfile=gw.tls.cert, ssl_keyfile=gw.tls.key, timeout_graceful_shutdown=5)
+    uvicorn.Server(cfg).run(sockets=[sock])
+    return 0

@@ -1,0 +1,98 @@
+"""`argosy status` (a running `argosy serve`: models, replicas, load, decisions) and `argosy config check`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import httpx
+
+from argosy.config import FleetConfigError, load_fleet
+
+
+def add_status_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--url", default="http://127.0.0.1:8000", help="the gateway of a running `argosy serve`")
+    p.add_argument("--admin-key", default=None, help="admin key, when the fleet has keys")
+    p.add_argument("--json", action="store_true", help="print the raw JSON")
+
+
+def run_status(args: argparse.Namespace) -> int:
+    headers = {"authorization": f"Bearer {args.admin_key}"} if args.admin_key else {}
+    try:
+        r = httpx.get(args.url.rstrip("/") + "/admin/fleet", headers=headers, timeout=10)
+    except httpx.HTTPError as e:
+        print(f"argosy status: cannot reach {args.url}: {e}", file=sys.stderr)
+        return 1
+    if r.status_code != 200:
+        print(f"argosy status: {args.url} answered {r.status_code}: {r.text[:300]}", file=sys.stderr)
+        return 1
+    st = r.json()
+    if args.json:
+        print(json.dumps(st, indent=2))
+        return 0
+    print(render(st))
+    return 0
+
+
+def render(st: dict) -> str:
+    out = []
+    for n in st["nodes"]:
+        gpus = ", ".join(f"{g['model']} {g['used_gib']:.1f}/{g['memory_gib']:.0f} GiB" for g in n["gpus"]) or "no GPU"
+        total = f"/{n['memory_gib']:.1f}" if n["memory_gib"] else ""
+        ram = f"{n['used_gib']:.2f}{total} GiB RAM"
+        out.append(f"node {n['name']} ({n['provider']}): {gpus}; {ram}")
+    for m in st["models"]:
+        ready = sum(1 for r in m["replicas"] if r["state"] == "ready" and not r["pooled"])
+        out.append(f"\nmodel {m['model']} ({m['provider']}): {ready} ready, desired {m['desired']}, "
+                   f"panic {'yes' if m['panic'] else 'no'}; {m['in_flight']} in flight, {m['queued']} queued, "
+                   f"{m['held']} held for a cold start")
+        if m["unplaceable"]:
+            out.append(f"  cannot place a replica: {m['unplaceable']}")
+        out.append(f"  {'replica':<8} {'state':<9} {'pool':<5} {'node':<10} {'in flight':>9} {'age s':>7} "
+                   f"{'cold start s':>12}  url")
+        for r in m["replicas"]:
+            cs = "" if r["cold_start_s"] is None else f"{r['cold_start_s']:.1f}"
+            out.append(f"  {r['id']:<8} {r['state']:<9} {'yes' if r['pooled'] else 'no':<5} {r['node'] or '-':<10} "
+                       f"{r['in_flight']:>9} {r['age_s']:>7.1f} {cs:>12}  {r['url'] or '-'}")
+        for d in m["decisions"]:
+            out.append(f"  decision at {d['at']}: {d['direction']} {d['actual']} -> {d['desired']} ({d['reason']})")
+        for f in m["recent_failures"]:
+            out.append(f"  failed {f['id']} at {f['url']}: {f['detail']}")
+    return "\n".join(out)
+
+
+def add_config_arguments(p: argparse.ArgumentParser) -> None:
+    sub = p.add_subparsers(dest="config_command", required=True)
+    c = sub.add_parser("check", help="validate a fleet file; every error names its field")
+    c.add_argument("file")
+
+
+def run_config(args: argparse.Namespace) -> int:
+    from argosy.fleet.controller import managed, model_need
+    from argosy.fleet.placement import Placer, Unplaceable, detect_nodes
+
+    try:
+        fleet = load_fleet(args.file)
+    except FleetConfigError as e:
+        print(f"argosy config check: {e}", file=sys.stderr)
+        return 2
+    problems = []
+    nodes = detect_nodes(fleet.nodes)
+    placer = Placer(nodes)
+    for m in managed(fleet):
+        try:
+            need = model_need(m, nodes)
+        except (OSError, KeyError, ValueError) as e:
+            problems.append(f"models.{m.name}.checkpoint: cannot read {m.checkpoint}/config.json ({e})")
+            continue
+        for i in range(max(m.autoscaling.min_replicas, 1)):
+            try:
+                placer.place(f"{m.name}-{i}", m.name, need, m.provider)
+            except Unplaceable as e:
+                problems.append(f"models.{m.name}: replica {i + 1} of min_replicas cannot be placed: {e}")
+    if problems:
+        print(f"argosy config check: {args.file}:\n" + "\n".join(f"  {p}" for p in problems), file=sys.stderr)
+        return 2
+    print(f"{args.file}: ok ({len(fleet.models)} models, {len(managed(fleet))} managed, {len(nodes)} nodes)")
+    return 0
