@@ -583,6 +583,7 @@ def main() -> None:
     # ---- save
     model.config.use_cache = True
     model.save_pretrained(str(out), safe_serialization=True)
+    os.chmod(out / "model.safetensors", 0o644)
     # transformers 5 writes rope settings only under "rope_parameters"; add the classic keys for other readers.
     cfg_path = out / "config.json"
     cfg = json.loads(cfg_path.read_text())

@@ -60,7 +60,7 @@ def test_release_frees_the_memory_and_reasons_are_specific():
     assert placer.place("y", "m", Need(1, 30)).gpus == (0,)
     with pytest.raises(Unplaceable, match="needs 4 GPUs on one node; the largest node"):
         placer.place("z", "m", Need(4, 1))
-    with pytest.raises(Unplaceable, match="no node for provider 'ray'"):
+    with pytest.raises(Unplaceable, match="no live node for provider 'ray'"):
         placer.place("w", "m", Need(1, 1), provider="ray")
 
 

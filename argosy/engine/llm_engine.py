@@ -36,7 +36,9 @@ class LLMEngine:
         mc = self.runner.model_config
         limit = min(x for x in (mc.max_position_embeddings, mc.sliding_window) if x)
         self.max_model_len = min(config.max_model_len or limit, limit)
-        self.vocab_size = min(self.tokenizer.vocab_size, mc.vocab_size)
+        # The model's vocabulary, which may be padded past the tokenizer's: sampling covers all of it,
+        # as transformers, vLLM and llama.cpp do, so greedy outputs agree with theirs token for token.
+        self.vocab_size = mc.vocab_size
         self.eos_token_ids = set(self.tokenizer.eos_token_ids) | set(mc.eos_token_ids)
         self.kv = KVCacheManager(self.runner.num_blocks, config.block_size, config.enable_prefix_caching)
         budget = config.token_budget(self.runner.device)

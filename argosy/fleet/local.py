@@ -18,14 +18,14 @@ from argosy.fleet.replica import Replica, ReplicaSpec
 PR_SET_PDEATHSIG = 1
 
 
-def _die_with_parent() -> None:  # runs in the child between fork and exec
+def die_with_parent() -> None:  # runs in the child between fork and exec
     with contextlib.suppress(Exception):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
-def engine_command(spec: ReplicaSpec, python: str | None = None) -> list[str]:
+def engine_command(spec: ReplicaSpec, python: str | None = None, host: str = "127.0.0.1") -> list[str]:
     return [python or sys.executable, "-m", "argosy.cli", "engine", "--model", spec.checkpoint,
-            "--served-model-name", spec.model, "--host", "127.0.0.1", "--port", "0", *spec.engine_args]
+            "--served-model-name", spec.model, "--host", host, "--port", "0", *spec.engine_args]
 
 
 class LocalProvider:
@@ -42,7 +42,7 @@ class LocalProvider:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in p.gpus)
         proc = await asyncio.create_subprocess_exec(
             *engine_command(r.spec, self.python), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-            env=env, start_new_session=True, preexec_fn=_die_with_parent if sys.platform == "linux" else None)
+            env=env, start_new_session=True, preexec_fn=die_with_parent if sys.platform == "linux" else None)
         r.handle = proc
         tail: list[str] = []
         while True:

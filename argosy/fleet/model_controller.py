@@ -62,13 +62,13 @@ class ModelController:
 
     async def run(self) -> None:
         while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.wake.wait(), self.a.tick_s)
             self.wake.clear()
             try:
                 await self.tick()
             except Exception:  # a bug in one tick must not end the loop that keeps replicas alive
                 log.exception("fleet: %s: tick failed", self.name)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.wake.wait(), self.a.tick_s)
 
     def poke(self) -> None:
         self.wake.set()
@@ -170,7 +170,8 @@ class ModelController:
         spec = ReplicaSpec(self.name, str(self.cfg.checkpoint), engine_args(self.cfg, self.need.gpus > 0))
         r = Replica(self.name, spec, pooled=pooled)
         try:
-            spec.placement = self.placer.place(r.id, self.name, self.need, self.cfg.provider)
+            down = self.provider.down_nodes() if hasattr(self.provider, "down_nodes") else set()
+            spec.placement = self.placer.place(r.id, self.name, self.need, self.cfg.provider, down)
         except Unplaceable as e:
             if self.unplaceable != str(e):
                 log.warning(json.dumps({"event": "unplaceable", "model": self.name, "reason": str(e)}))

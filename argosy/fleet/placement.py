@@ -155,12 +155,14 @@ class Placer:
         left = sum(g.free_gib for g in chosen) - (0 if need.gib == float("inf") else need.gib * need.gpus)
         return left, tuple(g.index for g in chosen)
 
-    def place(self, replica_id: str, model: str, need: Need, provider: str | None = None) -> Placement:
+    def place(self, replica_id: str, model: str, need: Need, provider: str | None = None,
+              down: frozenset[str] | set[str] = frozenset()) -> Placement:
+        """Place one replica (nodes in `down` are skipped); raises Unplaceable with the reason."""
         same = {p.node for m, p in self.held.values() if m == model}
         same_gpus = {(p.node, g) for m, p in self.held.values() if m == model for g in p.gpus}
         best: tuple[tuple, Node, tuple[int, ...]] | None = None
         for node in self.nodes.values():
-            if provider is not None and node.provider != provider:
+            if (provider is not None and node.provider != provider) or node.name in down:
                 continue
             fit = self._fits(node, need, {g for n, g in same_gpus if n == node.name})
             if fit is None:
@@ -170,7 +172,7 @@ class Placer:
             if best is None or key < best[0]:
                 best = (key, node, fit[1])
         if best is None:
-            raise Unplaceable(self._why(model, need, provider))
+            raise Unplaceable(self._why(model, need, provider, down))
         _, node, gpus = best
         p = Placement(node.name, gpus, need)
         if need.gpus == 0:
@@ -193,10 +195,11 @@ class Placer:
             if g.index in p.gpus:
                 g.used_gib -= g.memory_gib if p.need.gib == float("inf") else p.need.gib
 
-    def _why(self, model: str, need: Need, provider: str | None) -> str:
+    def _why(self, model: str, need: Need, provider: str | None, down: frozenset[str] | set[str]) -> str:
         nodes = [n for n in self.nodes.values() if provider is None or n.provider == provider]
+        nodes = [n for n in nodes if n.name not in down]
         if not nodes:
-            return f"{model}: no node for provider {provider!r}"
+            return f"{model}: no live node for provider {provider!r}"
         if need.gpus == 0:
             most = max(nodes, key=lambda n: n.free_gib)
             return (f"{model}: needs {need.gib:.2f} GiB of RAM; the most free is {most.free_gib:.2f} GiB "

@@ -1,0 +1,111 @@
+"""Helpers for the fleet tests: a fleet file on disk, `argosy serve` as a subprocess, child-process checks."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def tiny_fleet(checkpoint: str, **autoscaling) -> dict:
+    auto = {"min_replicas": 1, "max_replicas": 2, "target": 1, "target_utilization": 1.0, "tick_s": 0.25,
+            "stable_window_s": 4, "panic_window_s": 1, "scale_down_delay_s": 1, "drain_timeout_s": 30,
+            "restart_backoff_s": 0.5, **autoscaling}
+    return {"gateway": {"port": 0, "health_interval_s": 0.5},
+            "models": [{"name": "tiny", "checkpoint": checkpoint, "autoscaling": auto,
+                        "engine": {"kv_cache_memory_gib": 0.01, "max_num_seqs": 16, "max_num_batched_tokens": 256},
+                        "admission": {"queue_timeout_s": 60}}]}
+
+
+class Serve:
+    """`argosy serve --config` in a subprocess; its output is kept (and readable) in `lines`."""
+
+    def __init__(self, fleet: dict):
+        fd, self.config = tempfile.mkstemp(suffix=".yaml", prefix="fleet-")
+        with os.fdopen(fd, "w") as f:
+            yaml.safe_dump(fleet, f)
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+        self.proc = subprocess.Popen([sys.executable, "-m", "argosy.cli", "serve", "--config", self.config],
+                                     cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.lines: list[str] = []
+        self.url = ""
+        got = threading.Event()
+
+        def read() -> None:
+            for line in self.proc.stdout:
+                self.lines.append(line.rstrip())
+                if "gateway listening on " in line:
+                    self.url = line.split("listening on ", 1)[1].split(";", 1)[0].strip()
+                    got.set()
+            got.set()
+
+        self.reader = threading.Thread(target=read, daemon=True)
+        self.reader.start()
+        if not got.wait(60) or not self.url:
+            self.stop()
+            raise RuntimeError("argosy serve did not start:\n" + "\n".join(self.lines[-30:]))
+
+    def fleet(self) -> dict:
+        return httpx.get(self.url + "/admin/fleet", timeout=10).json()["models"][0]
+
+    def wait_for(self, what: str, cond, timeout: float = 90.0) -> dict:
+        """Poll /admin/fleet until cond(model status) holds; prints progress each second."""
+        t0 = last = time.monotonic()
+        while True:
+            st = self.fleet()
+            if cond(st):
+                return st
+            now = time.monotonic()
+            if now - t0 > timeout:
+                raise AssertionError(f"timed out after {timeout:g} s waiting for {what}: {st}\n" +
+                                     "\n".join(self.lines[-20:]))
+            if now - last >= 1:
+                states = [r["state"] + ("*" if r["pooled"] else "") for r in st["replicas"]]
+                print(f"  [{now - t0:5.1f} s] waiting for {what}: replicas {states}, desired {st['desired']}",
+                      flush=True)
+                last = now
+            time.sleep(0.2)
+
+    def stop(self, sig: int | None = None) -> int:
+        if self.proc.poll() is None:
+            if sig is None:
+                self.proc.terminate()
+            else:
+                self.proc.send_signal(sig)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        self.reader.join(5)
+        os.unlink(self.config) if os.path.exists(self.config) else None
+        return self.proc.returncode
+
+
+def ready(st: dict) -> list[dict]:
+    return [r for r in st["replicas"] if r["state"] == "ready" and not r["pooled"]]
+
+
+def engine_pids(checkpoint: str) -> list[int]:
+    """Live `argosy engine` processes serving this checkpoint (scanned from /proc)."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            cmd = (d / "cmdline").read_bytes().split(b"\0")
+            status = (d / "status").read_text()
+        except OSError:
+            continue
+        if b"engine" in cmd and checkpoint.encode() in cmd and "State:\tZ" not in status:
+            out.append(int(d.name))
+    return out
