@@ -7,8 +7,8 @@
    (aiohttp, streaming /v1/completions with the prompt as token ids) each sending the next request as
    soon as its previous one ends. Output tokens/s of both, and server / offline (target >= 90%).
 3. llama.cpp: the same HTTP workload (as text) at --peer-concurrency streams against argosy and against
-   `python -m llama_cpp.server`, when llama-cpp-python is installed and --gguf names the same model in
-   GGUF; skipped (saying how to set it up) otherwise.
+   `python -m llama_cpp.server` from the venv named by --llamacpp-python, on the same weights in GGUF
+   (converted here unless --gguf is given); skipped (saying how to set it up) when it is not installed.
 
 Greedy, ignore_eos (llama.cpp: EOS suppressed with logit_bias), seeded lengths; only output tokens count.
 The client shares the machine with the server: on a small CPU box its work shows in the server figure.
@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
-import importlib.util
 import json
 import os
 import socket
@@ -30,6 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 from common import Timer, checkpoint, param_count, progress, workload  # noqa: E402
+from llamacpp import add_arguments, converter, peer_version, to_gguf  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -149,15 +149,20 @@ def argosy_server(path: str, args, max_num_seqs: int) -> tuple[subprocess.Popen,
 
 
 def peer_comparison(path: str, work, args) -> None:
-    if importlib.util.find_spec("llama_cpp") is None or not args.gguf:
-        print("llama.cpp: skipped. To compare: pip install 'llama-cpp-python[server]', convert the checkpoint with "
-              f"llama.cpp's `python convert_hf_to_gguf.py {path} --outtype f32 --outfile model.gguf`, "
-              "then pass --gguf model.gguf")
+    version = peer_version(args.llamacpp_python)
+    if version is None:
+        print(f"llama.cpp: skipped: llama_cpp is not importable from {args.llamacpp_python}. Install it in its own "
+              "venv (see bench/llamacpp.py) and pass --llamacpp-python PEER/bin/python.")
         return
+    gguf = args.gguf or str(to_gguf(path, converter(args.llamacpp_src, version)))
     from argosy.engine.tokenizer import Tokenizer
 
     tok = Tokenizer.from_pretrained(path)
-    texts = [tok.decode(p) for p, _ in work]
+    # Plain English words, which both tokenizers (ours, and the GGUF's small sentencepiece one) turn into
+    # about one token each, so both servers see prompts of about the same length.
+    words = "the quick brown fox jumps over the lazy dog".split()
+    texts = [" ".join(words[i % len(words)] for i in range(len(p))) for p, _ in work]
+    print(f"prompt tokens (of the text prompts): argosy {sum(len(tok.encode(t)) for t in texts)}", flush=True)
     eos = {str(i): -100 for i in tok.eos_token_ids}
     proc, url = argosy_server(path, args, args.peer_concurrency)
     try:
@@ -166,8 +171,9 @@ def peer_comparison(path: str, work, args) -> None:
     finally:
         stop(proc)
     port = free_port()
-    cmd = [sys.executable, "-m", "llama_cpp.server", "--model", args.gguf, "--host", "127.0.0.1", "--port", str(port),
-           "--n_ctx", "4096", "--model_alias", "bench", *args.peer_args.split()]
+    cmd = [args.llamacpp_python, "-m", "llama_cpp.server", "--model", gguf, "--host", "127.0.0.1", "--port", str(port),
+           "--n_ctx", "4096", "--model_alias", "bench", "--n_threads", str(os.cpu_count()),
+           *args.peer_args.split()]
     print("starting llama_cpp.server ...", flush=True)
     proc = start_server(cmd, f"http://127.0.0.1:{port}/v1/models", Path(args.log_dir) / "llama-cpp-server.log")
     try:
@@ -190,7 +196,8 @@ def main() -> None:
     ap.add_argument("--output-len", type=int, nargs=2, default=(64, 192))
     ap.add_argument("--kv-cache-gib", type=float, default=2.0)
     ap.add_argument("--peer-concurrency", type=int, default=16)
-    ap.add_argument("--gguf", default=None, help="the same checkpoint in GGUF, for llama.cpp")
+    ap.add_argument("--gguf", default=None, help="the same checkpoint in GGUF (default: converted here)")
+    add_arguments(ap)
     ap.add_argument("--peer-args", default="", help="extra llama_cpp.server flags, e.g. '--n_gpu_layers -1'")
     ap.add_argument("--log-dir", default="/tmp")
     args = ap.parse_args()

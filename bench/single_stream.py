@@ -15,17 +15,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
-import tarfile
-import tempfile
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import CACHE, Timer, checkpoint, param_count  # noqa: E402
+from common import Timer, checkpoint, param_count  # noqa: E402
+from llamacpp import add_arguments, converter, peer_version, to_gguf  # noqa: E402
 
 from argosy import LLM, SamplingParams  # noqa: E402
 
@@ -70,49 +68,9 @@ def transformers_run(path: str, prompt: list[int]) -> float:
     return NEW_TOKENS / t.seconds
 
 
-def peer_version(python: str) -> str | None:
-    r = subprocess.run([python, "-c", "import llama_cpp; print(llama_cpp.__version__)"], capture_output=True, text=True)
-    return r.stdout.strip() if r.returncode == 0 else None
-
-
-def converter(src: str | None, version: str) -> Path:
-    if src is None:
-        dest = CACHE / f"llama-cpp-python-{version}-src"
-        if not dest.exists():
-            print(f"fetching llama-cpp-python {version}'s source package for its GGUF converter ...", flush=True)
-            with tempfile.TemporaryDirectory() as tmp:
-                subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:",
-                                f"llama-cpp-python=={version}", "-d", tmp], check=True)
-                with tarfile.open(next(Path(tmp).glob("*.tar.gz"))) as tar:
-                    tar.extractall(dest, filter="data")
-        src = str(next(dest.glob("llama_cpp_python-*")))
-    return Path(src) / "vendor" / "llama.cpp" / "convert_hf_to_gguf.py"
-
-
-def to_gguf(path: str, conv: Path) -> Path:
-    out = Path(path) / "model-f32.gguf"
-    if out.exists():
-        return out
-    import sentencepiece as spm
-
-    with tempfile.TemporaryDirectory() as tmp:
-        for name in ("config.json", "model.safetensors"):
-            os.symlink(Path(path) / name, Path(tmp) / name)
-        lines = [f"the quick brown fox jumps over the lazy dog {i} times" for i in range(300)]
-        spm.SentencePieceTrainer.train(sentence_iterator=iter(lines), model_prefix=f"{tmp}/tokenizer", vocab_size=400,
-                                       model_type="bpe", byte_fallback=True, minloglevel=2)
-        env = {**os.environ, "PYTHONPATH": str(conv.parent / "gguf-py")}
-        print("converting to GGUF (f32) ...", flush=True)
-        subprocess.run([sys.executable, str(conv), tmp, "--outtype", "f32", "--outfile", str(out)], check=True,
-                       env=env, capture_output=True)
-    return out
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--llamacpp-python", default=os.environ.get("LLAMACPP_PYTHON", sys.executable),
-                    help="python of the venv where llama-cpp-python is installed")
-    ap.add_argument("--llamacpp-src", default=None, help="unpacked llama-cpp-python source package")
+    add_arguments(ap)
     ap.add_argument("--skip-transformers", action="store_true")
     args = ap.parse_args()
     path = checkpoint("125m")
