@@ -7,6 +7,8 @@ import asyncio
 import os
 import shutil
 import socket
+import subprocess
+import sys
 import tempfile
 import time
 
@@ -20,29 +22,53 @@ from argosy.fleet.serve import ServeApp
 from tests.fleet_fixtures import tiny_fleet
 
 ray = pytest.importorskip("ray")
-from ray.cluster_utils import Cluster  # noqa: E402
 
 pytestmark = pytest.mark.timeout(240)
 
 
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 @pytest.fixture()
 def cluster(monkeypatch):
+    """A head and a worker node, each a `ray start --block` process (ending it ends its node)."""
     tmp = tempfile.mkdtemp(prefix="argosy-ray-")  # short: Ray's socket paths live under it
-    os.makedirs(os.path.join(tmp, "ray"))
-    for k, v in dict(RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0", RAY_TMPDIR=tmp).items():
-        monkeypatch.setenv(k, v)
-    common = dict(num_cpus=2, node_ip_address="127.0.0.1")
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
+    for k in ("RAY_AUTH_MODE", "RAY_USAGE_STATS_ENABLED"):
+        monkeypatch.setenv(k, env[k])
+    ray_bin = os.path.join(os.path.dirname(sys.executable), "ray")
+    port = _free_port()
+    common = ["--block", "--node-ip-address=127.0.0.1", "--num-cpus=2", "--disable-usage-stats"]
     t0 = time.monotonic()
-    c = Cluster(initialize_head=True, head_node_args=dict(include_dashboard=False, temp_dir=os.path.join(tmp, "ray"),
-                                                                **common))
-    worker = c.add_node(**common)
-    print(f"  ray cluster with two nodes up in {time.monotonic() - t0:.1f} s", flush=True)
+    procs = [subprocess.Popen([ray_bin, "start", "--head", f"--port={port}", "--include-dashboard=false",
+                               f"--temp-dir={tmp}/ray", *common, "--resources={\"head\": 1}"], env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
     try:
-        yield c, worker
+        while socket.socket().connect_ex(("127.0.0.1", port)) != 0:
+            assert time.monotonic() - t0 < 60 and procs[0].poll() is None, "ray head did not start"
+            time.sleep(0.2)
+        procs.append(subprocess.Popen([ray_bin, "start", f"--address=127.0.0.1:{port}", *common,
+                                       "--resources={\"worker\": 1}"], env=env,
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        ray.init(address=f"127.0.0.1:{port}", _node_ip_address="127.0.0.1", log_to_driver=False)
+        while len([n for n in ray.nodes() if n["Alive"]]) < 2:
+            assert time.monotonic() - t0 < 90, "ray worker did not join"
+            time.sleep(0.2)
+        print(f"  ray cluster with two nodes up in {time.monotonic() - t0:.1f} s", flush=True)
+        yield procs[1]
     finally:
         if ray.is_initialized():
             ray.shutdown()
-        c.shutdown()
+        for p in reversed(procs):
+            p.terminate()
+            try:
+                p.wait(30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(10)
         shutil.rmtree(tmp, ignore_errors=True)
 
 
@@ -58,14 +84,14 @@ async def wait(what: str, cond, timeout: float = 120.0) -> None:
 
 
 def test_replicas_on_both_nodes_and_a_lost_node_is_replaced(cluster, tiny_llama):
-    c, worker = cluster
     cfg = tiny_fleet(tiny_llama, min_replicas=2, max_replicas=2, tick_s=0.5)
-    cfg["providers"] = {"ray": {"address": c.address, "num_cpus": 1}}
+    cfg["providers"] = {"ray": {"num_cpus": 1}}  # the driver is already connected (ray.init above)
     cfg["models"][0]["provider"] = "ray"
-    asyncio.run(_scenario(parse_fleet(cfg), c, worker))
+    worker_id = next(n["NodeID"] for n in ray.nodes() if n["Alive"] and "worker" in n["Resources"])
+    asyncio.run(_scenario(parse_fleet(cfg), cluster, worker_id))
 
 
-async def _scenario(fleet, c, worker) -> None:
+async def _scenario(fleet, worker_proc, worker_id: str) -> None:
     app = ServeApp(fleet)
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
@@ -79,13 +105,13 @@ async def _scenario(fleet, c, worker) -> None:
         ready = lambda: [r for r in mc.replicas.values() if r.state == READY]  # noqa: E731
         await wait("two ready replicas", lambda: len(ready()) == 2)
         nodes = {r.node for r in ready()}
-        worker_name = "ray-" + worker.node_id[:8]
+        worker_name = "ray-" + worker_id[:8]
         assert len(nodes) == 2 and worker_name in nodes, nodes  # one on each node
         for _ in range(4):
             r = await client.completions.create(model="tiny", prompt="Hi", max_tokens=4)
             assert r.choices[0].text
         lost = next(r for r in ready() if r.node == worker_name)
-        c.remove_node(worker)  # the worker's raylet and its actors die: the replica with them
+        worker_proc.terminate()  # the worker node ends, its actors and their engines with it
         await wait("a replacement on the head node",
                    lambda: len(ready()) == 2 and all(r.node != worker_name for r in ready()))
         assert lost.id not in mc.replicas and any(f["id"] == lost.id for f in mc.recent_failures)

@@ -91,7 +91,7 @@ class RayProvider:
 
     async def nodes(self) -> list[Node]:
         """The cluster's live nodes: GPUs (memory unknown to Ray: whole GPUs) and memory for actors."""
-        ray = self._ray()
+        ray = await asyncio.to_thread(self._ray)  # connecting can take seconds: not on the gateway's loop
         out = []
         for n in ray.nodes():
             if not n["Alive"]:
