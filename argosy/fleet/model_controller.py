@@ -32,6 +32,9 @@ def engine_args(cfg: ModelConfig, on_gpu: bool) -> list[str]:
         a += ["--kv-cache-memory", str(e.kv_cache_memory_gib)]
     if e.max_model_len is not None:
         a += ["--max-model-len", str(e.max_model_len)]
+    if e.tensor_parallel_size > 1 or e.pipeline_parallel_size > 1:
+        a += ["--tensor-parallel-size", str(e.tensor_parallel_size),
+              "--pipeline-parallel-size", str(e.pipeline_parallel_size)]
     return a
 
 
