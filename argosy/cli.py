@@ -104,34 +104,28 @@ def main(argv: list[str] | None = None) -> int:
     m.set_defaults(func=cmd_make_test_model)
 
     from argosy.bench.cli import add_bench_arguments, run_bench
+    from argosy.fleet.serve import add_serve_arguments, run_serve
+    from argosy.fleet.status import add_config_arguments, add_status_arguments, run_config, run_status
     from argosy.gateway.cli import add_gateway_arguments, add_keys_arguments, run_gateway, run_keys
     from argosy.server.cli import add_engine_arguments, run_engine_server
 
-    e = sub.add_parser("engine", help="serve one engine over the OpenAI-compatible HTTP API (port 8100)")
-    add_engine_arguments(e)
-    e.set_defaults(func=run_engine_server)
-    from argosy.fleet.serve import add_serve_arguments, run_serve
-    from argosy.fleet.status import add_config_arguments, add_status_arguments, run_config, run_status
-
-    s = sub.add_parser("serve", help="gateway + fleet controller + replicas: the built-in model (or --model, "
-                       "or --config fleet.yaml) on 127.0.0.1:8000")
-    add_serve_arguments(s)
-    s.set_defaults(func=run_serve)
-    st = sub.add_parser("status", help="a running `argosy serve`: models, replicas, load, autoscaler decisions")
-    add_status_arguments(st)
-    st.set_defaults(func=run_status)
-    cf = sub.add_parser("config", help="fleet files: `argosy config check fleet.yaml`")
-    add_config_arguments(cf)
-    cf.set_defaults(func=run_config)
-    gw = sub.add_parser("gateway", help="the gateway: routing, admission control, keys, limits, guardrails")
-    add_gateway_arguments(gw)
-    gw.set_defaults(func=run_gateway)
-    k = sub.add_parser("keys", help="manage API keys in a fleet file (stored hashed)")
-    add_keys_arguments(k)
-    k.set_defaults(func=run_keys)
-    b = sub.add_parser("bench", help="load-test any OpenAI-compatible server (TTFT, ITL, goodput)")
-    add_bench_arguments(b)
-    b.set_defaults(func=run_bench)
+    commands = [
+        ("engine", "serve one engine over the OpenAI-compatible HTTP API (port 8100)",
+         add_engine_arguments, run_engine_server),
+        ("serve", "gateway + fleet controller + replicas: the built-in model (or --model, or --config "
+         "fleet.yaml) on 127.0.0.1:8000", add_serve_arguments, run_serve),
+        ("status", "a running `argosy serve`: models, replicas, load, autoscaler decisions",
+         add_status_arguments, run_status),
+        ("config", "fleet files: `argosy config check fleet.yaml`", add_config_arguments, run_config),
+        ("gateway", "the gateway: routing, admission control, keys, limits, guardrails",
+         add_gateway_arguments, run_gateway),
+        ("keys", "manage API keys in a fleet file (stored hashed)", add_keys_arguments, run_keys),
+        ("bench", "load-test any OpenAI-compatible server (TTFT, ITL, goodput)", add_bench_arguments, run_bench),
+    ]
+    for name, help_text, add_arguments, run in commands:
+        p = sub.add_parser(name, help=help_text)
+        add_arguments(p)
+        p.set_defaults(func=run)
 
     args = parser.parse_args(argv)
     try:

@@ -23,7 +23,7 @@ from argosy.server.protocol import (
     stream_flags,
 )
 from argosy.server.state import ServerState, dumps, json_response, new_id, usage
-from argosy.server.streaming import DONE, ClientDisconnected, SSEResponse, cancel_on_disconnect
+from argosy.server.streaming import DONE, SSEResponse, wait_for_finals
 
 _ROLES = {"system", "user", "assistant", "developer"}
 
@@ -109,15 +109,9 @@ async def create_chat_completion(request: Request) -> Response | SSEResponse:
     if stream:
         body = _stream(state, response_id, params, group, include_usage)
         return SSEResponse(body, on_close=lambda: state.engine.abort(group))
-    try:
-        async with cancel_on_disconnect(request.receive):
-            finals = await group.wait_finished()
-    except ClientDisconnected:
-        return Response(status_code=499)
-    except EngineStepError as exc:
-        raise APIError(500, str(exc), code="engine_error") from None
-    finally:
-        state.engine.abort(group)  # a no-op once the request finished
+    finals = await wait_for_finals(state, request, group)
+    if isinstance(finals, Response):
+        return finals
     return json_response(_response_body(state, response_id, params, finals))
 
 

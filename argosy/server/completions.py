@@ -23,7 +23,7 @@ from argosy.server.protocol import (
     stream_flags,
 )
 from argosy.server.state import ServerState, dumps, json_response, new_id, usage
-from argosy.server.streaming import DONE, ClientDisconnected, SSEResponse, cancel_on_disconnect
+from argosy.server.streaming import DONE, SSEResponse, wait_for_finals
 
 Prompt = str | list[int]
 
@@ -85,15 +85,9 @@ async def create_completion(request: Request) -> Response | SSEResponse:
     group = await state.submit(requests, arrival)
     if stream:
         return SSEResponse(_stream(job, group, include_usage), on_close=lambda: state.engine.abort(group))
-    try:
-        async with cancel_on_disconnect(request.receive):
-            finals = await group.wait_finished()
-    except ClientDisconnected:
-        return Response(status_code=499)
-    except EngineStepError as exc:
-        raise APIError(500, str(exc), code="engine_error") from None
-    finally:
-        state.engine.abort(group)  # a no-op once every request finished
+    finals = await wait_for_finals(state, request, group)
+    if isinstance(finals, Response):
+        return finals
     return json_response(_response_body(job, finals))
 
 

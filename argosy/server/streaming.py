@@ -12,6 +12,7 @@ import asyncio
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
+from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 DONE = b"data: [DONE]\n\n"
@@ -92,3 +93,19 @@ class SSEResponse:
                 await aclose()
             self._on_close()
         await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+async def wait_for_finals(state, request, group) -> list | Response:
+    """A non-streaming request's final outputs; a client that hangs up first aborts it (499)."""
+    from argosy.server.async_engine import EngineStepError
+    from argosy.server.errors import APIError
+
+    try:
+        async with cancel_on_disconnect(request.receive):
+            return await group.wait_finished()
+    except ClientDisconnected:
+        return Response(status_code=499)
+    except EngineStepError as exc:
+        raise APIError(500, str(exc), code="engine_error") from None
+    finally:
+        state.engine.abort(group)  # a no-op once every request finished
