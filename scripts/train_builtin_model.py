@@ -417,7 +417,7 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=512, help="max_position_embeddings")
     ap.add_argument("--seq-len", type=int, default=512, help="training window length")
     ap.add_argument("--batch", type=int, default=4, help="windows per step")
-    ap.add_argument("--steps", type=int, default=820)
+    ap.add_argument("--steps", type=int, default=2395)
     ap.add_argument(
         "--minutes",
         type=float,

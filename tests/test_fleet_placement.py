@@ -86,3 +86,146 @@ def test_nodes_from_the_fleet_file():
     assert isinstance(fleet.nodes[0], NodeConfig)
     local = detect_nodes(None)
     assert len(local) == 1 and local[0].name == "local" and local[0].memory_gib > 0
+
+
+def test_custom_resources_only_on_nodes_that_offer_them():
+    a = Node("a", "ray", memory_gib=64, resources={"argosy_node_type_a": 2})
+    b = Node("b", "ray", memory_gib=64)
+    placer = Placer([a, b])
+    need = Need.of(0, 4, {"argosy_node_type_a": 1})
+    assert need.resources == (("argosy_node_type_a", 1),)
+    assert placer.place("x", "m", need, "ray").node == "a"
+    assert placer.place("y", "m", need, "ray").node == "a"  # spreading never picks a node without them
+    assert a.used_resources == {"argosy_node_type_a": 2}
+    with pytest.raises(Unplaceable, match=r"needs resources \{argosy_node_type_a: 1\}; all in use on .*\(a\)"):
+        placer.place("z", "m", need, "ray")
+    placer.release("x")
+    assert placer.place("z", "m", need, "ray").node == "a"
+    with pytest.raises(Unplaceable, match="needs resources {type_c: 0.5}; no live node of provider 'ray' offers"):
+        placer.place("w", "n", Need.of(0, 1, {"type_c": 0.5}), "ray")
+    assert placer.place("v", "n", Need(0, 1), "ray").node == "a"  # no requirement: any node (a fits best)
+    # Memory reasons name only the nodes that have the resources.
+    with pytest.raises(Unplaceable, match="needs 100.00 GiB of RAM; the most free is 64.00 GiB on a"):
+        Placer([Node("a", "ray", memory_gib=64, resources={"t": 1}), Node("b", "ray", memory_gib=500)]).place(
+            "u", "m", Need.of(0, 100, {"t": 1}), "ray")
+
+
+def test_fleet_file_node_resources_are_offered():
+    fleet = parse_fleet({"providers": {"ray": {}}, "nodes": [
+        {"name": "a", "provider": "ray", "memory_gib": 8, "resources": {"argosy_node_type_a": 1}},
+        {"name": "b", "provider": "ray", "memory_gib": 8}]})
+    placed, failed = place_all(detect_nodes(fleet.nodes), [("x", "m", Need.of(0, 1, {"argosy_node_type_a": 1})),
+                                                           ("y", "m", Need.of(0, 1, {"argosy_node_type_a": 1}))])
+    assert {k: p.node for k, p in placed.items()} == {"x": "a"} and set(failed) == {"y"}
+
+
+RAY_TABLE = [
+    {"NodeID": "h" * 56, "Alive": True, "NodeName": "10.0.0.1", "NodeManagerAddress": "10.0.0.1",
+     "NodeManagerHostname": "box1", "Resources": {"CPU": 8, "head": 1, "node:10.0.0.1": 1}},
+    {"NodeID": "w" * 56, "Alive": True, "NodeName": "gpu-a", "NodeManagerAddress": "10.0.0.2",
+     "NodeManagerHostname": "box2", "Resources": {"CPU": 8, "GPU": 2, "argosy_node_type_a": 4, "node:10.0.0.2": 1}},
+    {"NodeID": "d" * 56, "Alive": False, "NodeName": "old", "NodeManagerAddress": "10.0.0.3",
+     "NodeManagerHostname": "box3", "Resources": {"old": 1}},
+]
+
+
+@pytest.mark.parametrize("name, resources, node_id, why", [
+    ("head", {}, "h" * 56, ""),  # a custom resource named after the node
+    ("gpu-a", {"argosy_node_type_a": 2}, "w" * 56, ""),  # ray start --node-name
+    ("10.0.0.2", {}, "w" * 56, ""),  # IP (node:<ip>)
+    ("box1", {}, "h" * 56, ""),  # hostname
+    ("old", {}, None, "no live Ray node"),  # dead nodes never match
+    ("gpu-a", {"argosy_node_type_a": 8}, None, "offers less than"),
+    ("CPU", {}, None, "2 live Ray nodes match it (ambiguous)"),
+])
+def test_fleet_file_nodes_bind_to_live_ray_nodes(name, resources, node_id, why):
+    from argosy.fleet.ray_provider import match_node
+
+    got, reason = match_node(Node(name, "ray", resources=resources), RAY_TABLE)
+    assert got == node_id and why in reason
+
+
+class FakeRay:
+    def __init__(self, table):
+        self.table = table
+
+    def nodes(self):
+        return self.table
+
+
+def test_ray_provider_skips_lost_listed_nodes_and_rebinds_them(monkeypatch):
+    import asyncio
+
+    from argosy.fleet.ray_provider import RayProvider
+
+    fake = FakeRay([dict(n) for n in RAY_TABLE])
+    prov = RayProvider()
+    monkeypatch.setattr(prov, "_ray", lambda: fake)
+    asyncio.run(prov.bind([Node("head", "ray"), Node("gpu-a", "ray"), Node("nowhere", "ray")]))
+    assert prov.node_ids == {"head": "h" * 56, "gpu-a": "w" * 56} and set(prov.unbound) == {"nowhere"}
+    assert prov.down_nodes() == {"nowhere"}
+    fake.table[1]["Alive"] = False  # the gpu-a node is lost
+    assert prov.down_nodes() == {"nowhere", "gpu-a"}
+    fake.table.append({**RAY_TABLE[1], "NodeID": "n" * 56})  # it comes back as a new Ray node
+    assert prov.down_nodes() == {"nowhere"} and prov.node_ids["gpu-a"] == "n" * 56
+
+
+def test_ray_actor_options_request_gpus_custom_resources_and_the_node():
+    pytest.importorskip("ray")
+    from argosy.fleet.placement import Placement
+    from argosy.fleet.ray_provider import actor_options
+
+    opts = actor_options(Placement("a", (0, 1), Need.of(2, 30, {"argosy_node_type_a": 1})), 1.0, "ab" * 28)
+    assert opts["num_gpus"] == 2 and opts["num_cpus"] == 1.0 and opts["resources"] == {"argosy_node_type_a": 1}
+    assert opts["scheduling_strategy"].node_id == "ab" * 28 and opts["scheduling_strategy"].soft is False
+    assert "resources" not in actor_options(Placement("a", (), Need(0, 1)), 0.5, None)
+
+
+def _check(tmp_path, fleet: dict) -> tuple[int, str, str]:
+    import argparse
+    import contextlib
+    import io
+
+    import yaml
+
+    from argosy.fleet.status import run_config
+
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir(exist_ok=True)
+    (ckpt / "config.json").write_text(json.dumps({"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+                                                  "num_attention_heads": 4, "vocab_size": 256}))
+    for m in fleet.get("models", []):
+        m.setdefault("checkpoint", str(ckpt))
+    f = tmp_path / "fleet.yaml"
+    f.write_text(yaml.safe_dump(fleet))
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = run_config(argparse.Namespace(file=str(f)))
+    return rc, out.getvalue(), err.getvalue()
+
+
+def test_config_check_skips_placement_for_discovered_ray_nodes(tmp_path):
+    small = {"device": "cpu", "kv_cache_memory_gib": 0.1}
+    rc, out, err = _check(tmp_path, {"providers": {"ray": {}, "local": {}},
+                                     "models": [{"name": "r", "provider": "ray", "engine": small},
+                                                {"name": "l", "engine": small}]})
+    assert rc == 0, err
+    assert "ok (2 models, 2 managed, 1 nodes)" in out
+    assert "models.r: placement not checked: provider 'ray' discovers its nodes at run time" in out
+    # With nodes listed for ray, placement is checked on them (and local still gets this machine).
+    fleet = {"providers": {"ray": {}, "local": {}}, "nodes": [{"name": "a", "provider": "ray", "memory_gib": 0.5}],
+             "models": [{"name": "r", "provider": "ray", "engine": small}, {"name": "l", "engine": small}]}
+    rc, out, err = _check(tmp_path, fleet)
+    assert rc == 2 and "models.r: replica 1 of min_replicas cannot be placed: r: needs" in err, err
+    fleet["nodes"][0]["memory_gib"] = 8
+    rc, out, err = _check(tmp_path, fleet)
+    assert rc == 0 and "ok (2 models, 2 managed, 2 nodes)" in out and "not checked" not in out, err
+
+
+def test_status_shows_custom_resources_in_use():
+    from argosy.fleet.status import render
+
+    res = {"argosy_node_type_a": {"total": 4.0, "used": 1.0}, "node:10.0.0.1": {"total": 1.0, "used": 0.0}}
+    node = {"name": "a", "provider": "ray", "gpus": [], "memory_gib": None, "used_gib": 0.0, "resources": res}
+    assert render({"nodes": [node], "models": []}) == ("node a (ray): no GPU; 0.00 GiB RAM; "
+                                                       "resources argosy_node_type_a 1/4")

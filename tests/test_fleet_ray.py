@@ -1,5 +1,7 @@
 """The Ray provider on a real two-node Ray cluster (a head and a worker, separate raylet processes):
-replicas are placed on both nodes, and a replica on a node that dies is replaced on the other."""
+the fleet file's nodes are bound to the Ray nodes by name (a custom resource), replicas are placed on
+both and request their model's custom resources, and a replica on a node that dies is replaced on the
+other (the placer skips the lost node)."""
 
 from __future__ import annotations
 
@@ -44,14 +46,14 @@ def cluster(monkeypatch):
     common = ["--block", "--node-ip-address=127.0.0.1", "--num-cpus=2", "--disable-usage-stats"]
     t0 = time.monotonic()
     procs = [subprocess.Popen([ray_bin, "start", "--head", f"--port={port}", "--include-dashboard=false",
-                               f"--temp-dir={tmp}/ray", *common, "--resources={\"head\": 1}"], env=env,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
+                               f"--temp-dir={tmp}/ray", *common, '--resources={"head": 1, "argosy_slot": 2}'],
+                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
     try:
         while socket.socket().connect_ex(("127.0.0.1", port)) != 0:
             assert time.monotonic() - t0 < 60 and procs[0].poll() is None, "ray head did not start"
             time.sleep(0.2)
         procs.append(subprocess.Popen([ray_bin, "start", f"--address=127.0.0.1:{port}", *common,
-                                       "--resources={\"worker\": 1}"], env=env,
+                                       '--resources={"worker": 1, "argosy_slot": 1}'], env=env,
                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         ray.init(address=f"127.0.0.1:{port}", _node_ip_address="127.0.0.1", log_to_driver=False)
         while len([n for n in ray.nodes() if n["Alive"]]) < 2:
@@ -83,15 +85,25 @@ async def wait(what: str, cond, timeout: float = 120.0) -> None:
         await asyncio.sleep(0.2)
 
 
-def test_replicas_on_both_nodes_and_a_lost_node_is_replaced(cluster, tiny_llama):
+def test_replicas_on_both_nodes_and_a_lost_node_is_replaced(cluster, tiny_llama, monkeypatch):
+    from argosy.fleet import controller
+
     cfg = tiny_fleet(tiny_llama, min_replicas=2, max_replicas=2, tick_s=0.5)
     cfg["providers"] = {"ray": {"num_cpus": 1}}  # the driver is already connected (ray.init above)
     cfg["models"][0]["provider"] = "ray"
+    # Bound by name to the Ray nodes with the custom resources `head` and `worker`.
+    cfg["nodes"] = [{"name": "head", "provider": "ray", "resources": {"argosy_slot": 2}},
+                    {"name": "worker", "provider": "ray", "resources": {"argosy_slot": 1}}]
+    monkeypatch.setattr(controller, "model_resources", lambda m: {"argosy_slot": 1})  # models[].resources
     worker_id = next(n["NodeID"] for n in ray.nodes() if n["Alive"] and "worker" in n["Resources"])
     asyncio.run(_scenario(parse_fleet(cfg), cluster, worker_id))
 
 
 async def _scenario(fleet, worker_proc, worker_id: str) -> None:
+    from argosy.fleet.ray_provider import RayProvider
+
+    found = {n.name: n for n in await RayProvider().nodes()}  # discovery, without fleet-file nodes
+    assert found["ray-" + worker_id[:8]].resources["argosy_slot"] == 1 and len(found) == 2, found
     app = ServeApp(fleet)
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
@@ -104,9 +116,11 @@ async def _scenario(fleet, worker_proc, worker_id: str) -> None:
         mc = app.controller.models["tiny"]
         ready = lambda: [r for r in mc.replicas.values() if r.state == READY]  # noqa: E731
         await wait("two ready replicas", lambda: len(ready()) == 2)
-        nodes = {r.node for r in ready()}
-        worker_name = "ray-" + worker_id[:8]
-        assert len(nodes) == 2 and worker_name in nodes, nodes  # one on each node
+        assert {r.node for r in ready()} == {"head", "worker"}  # one on each node
+        assert app.controller.providers["ray"].node_ids["worker"] == worker_id
+        worker_name = "worker"
+        # Each actor holds one argosy_slot (3 in the cluster).
+        await wait("two argosy_slots in use", lambda: ray.available_resources().get("argosy_slot", 0) == 1, 30)
         for _ in range(4):
             r = await client.completions.create(model="tiny", prompt="Hi", max_tokens=4)
             assert r.choices[0].text
@@ -115,6 +129,7 @@ async def _scenario(fleet, worker_proc, worker_id: str) -> None:
         await wait("a replacement on the head node",
                    lambda: len(ready()) == 2 and all(r.node != worker_name for r in ready()))
         assert lost.id not in mc.replicas and any(f["id"] == lost.id for f in mc.recent_failures)
+        assert "worker" in app.controller.providers["ray"].down_nodes()
         r = await client.completions.create(model="tiny", prompt="Hi", max_tokens=4)
         assert r.choices[0].text
     finally:

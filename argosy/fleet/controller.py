@@ -17,6 +17,9 @@ from argosy.fleet.metrics import FleetMetrics
 from argosy.fleet.model_controller import ModelController
 from argosy.fleet.placement import Need, Node, Placer, detect_nodes, replica_need
 
+PROVIDERS = ("local", "ray")
+DISCOVERS_NODES = {"ray"}  # providers whose nodes, when the fleet file lists none, are found at run time
+
 log = logging.getLogger("argosy.fleet")
 
 
@@ -27,7 +30,7 @@ def make_provider(name: str, options: dict) -> Any:
         from argosy.fleet.ray_provider import RayProvider
 
         return RayProvider(options)
-    raise ValueError(f"providers.{name}: unknown provider (local, ray)")
+    raise ValueError(f"providers.{name}: unknown provider ({', '.join(PROVIDERS)})")
 
 
 def managed(fleet: FleetConfig) -> list[ModelConfig]:
@@ -35,10 +38,34 @@ def managed(fleet: FleetConfig) -> list[ModelConfig]:
     return [m for m in fleet.models if m.checkpoint and m.upstreams is None and not m.traffic]
 
 
+def model_resources(m: ModelConfig) -> dict[str, float]:
+    """`models[].resources`: custom resources (Ray's) each replica of the model asks for."""
+    return dict(getattr(m, "resources", None) or {})
+
+
 def model_need(m: ModelConfig, nodes: list[Node]) -> Need:
     gpus_here = any(n.gpus for n in nodes if n.provider == m.provider)
     on_gpu = m.engine.device.startswith("cuda") or (m.engine.device == "auto" and gpus_here)
-    return replica_need(m.checkpoint, m.engine, on_gpu)
+    need = replica_need(m.checkpoint, m.engine, on_gpu)
+    return Need.of(need.gpus, need.gib, model_resources(m))
+
+
+def known_nodes(fleet: FleetConfig, providers: list[str]) -> tuple[list[Node], list[str]]:
+    """Nodes known without contacting a provider, and the providers that find theirs at run time.
+
+    Every node the fleet file lists; for a provider with none listed: `local`, this machine; `ray`,
+    nothing here (its live nodes are discovered when it connects).
+    """
+    listed = detect_nodes(fleet.nodes) if fleet.nodes else []
+    nodes, later = list(listed), []
+    for name in providers:
+        if any(n.provider == name for n in listed):
+            continue
+        if name in DISCOVERS_NODES:
+            later.append(name)
+        else:
+            nodes += detect_nodes(None)
+    return nodes, later
 
 
 class Controller:
@@ -54,7 +81,7 @@ class Controller:
         for m in models:
             if m.provider not in self.providers:
                 self.providers[m.provider] = make_provider(m.provider, self.fleet.providers.get(m.provider, {}))
-        nodes = detect_nodes(self.fleet.nodes) if self.fleet.nodes else await self._discover()
+        nodes = await self._nodes()
         self.placer = Placer(nodes)
         for n in nodes:
             gpus = ", ".join(f"{g.model} {g.memory_gib:.0f} GiB" for g in n.gpus) or "no GPUs"
@@ -67,13 +94,18 @@ class Controller:
             mc.start()
         atexit.register(self.kill_now)  # backstop if the loop never reaches stop()
 
-    async def _discover(self) -> list[Node]:
-        nodes: list[Node] = []
+    async def _nodes(self) -> list[Node]:
+        """The fleet file's nodes (a provider that can binds its own to its live nodes) and, for a
+        provider with none listed, this machine (local) or the nodes it discovers (ray)."""
+        nodes, later = known_nodes(self.fleet, list(self.providers))
         for name, p in self.providers.items():
-            found = await p.nodes() if hasattr(p, "nodes") else [n for n in detect_nodes(None)]
-            for n in found:
-                n.provider = name
-            nodes += found
+            if name in later:
+                found = await p.nodes()
+                for n in found:
+                    n.provider = name
+                nodes += found
+            elif hasattr(p, "bind"):
+                await p.bind([n for n in nodes if n.provider == name])
         return nodes or detect_nodes(None)
 
     async def stop(self) -> None:
@@ -95,5 +127,7 @@ class Controller:
                           "gpus": [{"index": g.index, "model": g.model, "memory_gib": g.memory_gib,
                                     "used_gib": round(g.used_gib, 3)} for g in n.gpus],
                           "memory_gib": None if n.memory_gib == float("inf") else round(n.memory_gib, 2),
-                          "used_gib": round(n.used_gib, 3)})
+                          "used_gib": round(n.used_gib, 3),
+                          "resources": {k: {"total": v, "used": round(n.used_resources.get(k, 0.0), 6)}
+                                        for k, v in n.resources.items()}})
         return {"nodes": nodes, "models": [mc.status() for mc in self.models.values()]}

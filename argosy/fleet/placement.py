@@ -1,10 +1,12 @@
 """Where replicas go: nodes, their GPUs and memory, each replica's need, best-fit decreasing.
 
 A replica needs `gpus` devices with `gib` free on each (weights / GPUs + KV-cache budget + overhead),
-or, on the CPU, `gib` of host RAM. Nodes come from the fleet file's `nodes`, else `nvidia-smi`, else
-this machine as one GPU-less node whose RAM is what is available now. The placer never oversubscribes;
-it keeps a model's replicas on different nodes when it can; a replica it cannot place gets a reason.
-The same placer serves every provider (a node's `provider` says which one starts replicas there).
+or, on the CPU, `gib` of host RAM, plus any custom `resources` (Ray's: name -> amount) its model asks
+for; only nodes that offer them take it. Nodes come from the fleet file's `nodes`, else `nvidia-smi`,
+else this machine as one GPU-less node whose RAM is what is available now (the Ray provider discovers
+its own). The placer never oversubscribes (memory or custom resources); it keeps a model's replicas on
+different nodes when it can; a replica it cannot place gets a reason. The same placer serves every
+provider (a node's `provider` says which one starts replicas there).
 """
 
 from __future__ import annotations
@@ -44,17 +46,26 @@ class Node:
     gpus: list[GPU] = field(default_factory=list)
     memory_gib: float = float("inf")  # host RAM for CPU replicas
     used_gib: float = 0.0
-    resources: dict[str, float] = field(default_factory=dict)
+    resources: dict[str, float] = field(default_factory=dict)  # custom resources it offers (Ray's)
+    used_resources: dict[str, float] = field(default_factory=dict)
 
     @property
     def free_gib(self) -> float:
         return self.memory_gib - self.used_gib
+
+    def free_resource(self, name: str) -> float:
+        return self.resources.get(name, 0.0) - self.used_resources.get(name, 0.0)
 
 
 @dataclass(frozen=True)
 class Need:
     gpus: int  # 0: a CPU replica
     gib: float  # per GPU, or host RAM for a CPU replica
+    resources: tuple[tuple[str, float], ...] = ()  # custom resources, sorted (name, amount) pairs
+
+    @staticmethod
+    def of(gpus: int, gib: float, resources: dict[str, float] | None = None) -> Need:
+        return Need(gpus, gib, tuple(sorted((resources or {}).items())))
 
     def size(self) -> float:
         return max(self.gpus, 1) * self.gib
@@ -143,6 +154,8 @@ class Placer:
     def _fits(self, node: Node, need: Need, avoid: set[int]) -> tuple[float, tuple[int, ...]] | None:
         """(memory left after placing, GPU indices) for the tightest fit on this node, or None;
         GPUs in `avoid` (holding a copy of the same model) are taken last."""
+        if any(node.free_resource(k) < v - 1e-9 for k, v in need.resources):
+            return None
         if need.gpus == 0:
             left = node.free_gib - need.gib
             return (left, ()) if left >= -1e-9 else None
@@ -177,6 +190,8 @@ class Placer:
         p = Placement(node.name, gpus, need)
         if need.gpus == 0:
             node.used_gib += need.gib
+        for k, v in need.resources:
+            node.used_resources[k] = node.used_resources.get(k, 0.0) + v
         for g in node.gpus:
             if g.index in gpus:
                 g.used_gib += g.memory_gib if need.gib == float("inf") else need.gib
@@ -191,6 +206,8 @@ class Placer:
         node = self.nodes[p.node]
         if p.need.gpus == 0:
             node.used_gib -= p.need.gib
+        for k, v in p.need.resources:
+            node.used_resources[k] = node.used_resources.get(k, 0.0) - v
         for g in node.gpus:
             if g.index in p.gpus:
                 g.used_gib -= g.memory_gib if p.need.gib == float("inf") else p.need.gib
@@ -200,6 +217,16 @@ class Placer:
         nodes = [n for n in nodes if n.name not in down]
         if not nodes:
             return f"{model}: no live node for provider {provider!r}"
+        if need.resources:
+            want = ", ".join(f"{k}: {v:g}" for k, v in need.resources)
+            offer = [n for n in nodes if all(n.resources.get(k, 0.0) >= v - 1e-9 for k, v in need.resources)]
+            if not offer:
+                return f"{model}: needs resources {{{want}}}; no live node of provider {provider!r} offers them"
+            free = [n for n in offer if all(n.free_resource(k) >= v - 1e-9 for k, v in need.resources)]
+            if not free:
+                return (f"{model}: needs resources {{{want}}}; all in use on the nodes that offer them "
+                        f"({', '.join(n.name for n in offer)})")
+            nodes = free
         if need.gpus == 0:
             most = max(nodes, key=lambda n: n.free_gib)
             return (f"{model}: needs {need.gib:.2f} GiB of RAM; the most free is {most.free_gib:.2f} GiB "

@@ -41,7 +41,9 @@ def render(st: dict) -> str:
         gpus = ", ".join(f"{g['model']} {g['used_gib']:.1f}/{g['memory_gib']:.0f} GiB" for g in n["gpus"]) or "no GPU"
         total = f"/{n['memory_gib']:.1f}" if n["memory_gib"] else ""
         ram = f"{n['used_gib']:.2f}{total} GiB RAM"
-        out.append(f"node {n['name']} ({n['provider']}): {gpus}; {ram}")
+        res = ", ".join(f"{k} {r['used']:g}/{r['total']:g}" for k, r in (n.get("resources") or {}).items()
+                        if not k.startswith("node:"))
+        out.append(f"node {n['name']} ({n['provider']}): {gpus}; {ram}" + (f"; resources {res}" if res else ""))
     for m in st["models"]:
         ready = sum(1 for r in m["replicas"] if r["state"] == "ready" and not r["pooled"])
         out.append(f"\nmodel {m['model']} ({m['provider']}): {ready} ready, desired {m['desired']}, "
@@ -69,22 +71,33 @@ def add_config_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run_config(args: argparse.Namespace) -> int:
-    from argosy.fleet.controller import managed, model_need
-    from argosy.fleet.placement import Placer, Unplaceable, detect_nodes
+    from argosy.fleet.controller import PROVIDERS, known_nodes, managed, model_need
+    from argosy.fleet.placement import Placer, Unplaceable
 
     try:
         fleet = load_fleet(args.file)
     except FleetConfigError as e:
         print(f"argosy config check: {e}", file=sys.stderr)
         return 2
-    problems = []
-    nodes = detect_nodes(fleet.nodes)
+    problems, notes = [], []
+    models = managed(fleet)
+    providers = list(dict.fromkeys(m.provider for m in models))
+    for name in providers:
+        if name not in PROVIDERS:
+            problems.append(f"providers.{name}: unknown provider ({', '.join(PROVIDERS)})")
+    nodes, later = known_nodes(fleet, [p for p in providers if p in PROVIDERS])
     placer = Placer(nodes)
-    for m in managed(fleet):
+    for m in models:
         try:
             need = model_need(m, nodes)
         except (OSError, KeyError, ValueError) as e:
             problems.append(f"models.{m.name}.checkpoint: cannot read {m.checkpoint}/config.json ({e})")
+            continue
+        if m.provider not in PROVIDERS:
+            continue
+        if m.provider in later:
+            notes.append(f"models.{m.name}: placement not checked: provider {m.provider!r} discovers its nodes "
+                         f"at run time (list nodes with provider: {m.provider} to check it)")
             continue
         for i in range(max(m.autoscaling.min_replicas, 1)):
             try:
@@ -94,5 +107,7 @@ def run_config(args: argparse.Namespace) -> int:
     if problems:
         print(f"argosy config check: {args.file}:\n" + "\n".join(f"  {p}" for p in problems), file=sys.stderr)
         return 2
-    print(f"{args.file}: ok ({len(fleet.models)} models, {len(managed(fleet))} managed, {len(nodes)} nodes)")
+    print(f"{args.file}: ok ({len(fleet.models)} models, {len(models)} managed, {len(nodes)} nodes)")
+    for n in notes:
+        print(f"  {n}")
     return 0
