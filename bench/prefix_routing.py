@@ -7,7 +7,8 @@ policy gets its own tenants (salted prompts), so no run inherits another's cache
 
 Replicas: `--replicas sim` (default) runs tests/gateway_fixtures.py upstreams that model a bounded
 prefix cache and a prefill cost per uncached character, one prefill at a time; `--replicas argosy`
-runs real Argosy replicas of a small random-weight model (hit rate from vllm:prefix_cache_*).
+runs real Argosy replicas of the small (15.7M-parameter) random-weight model, each with a KV cache of
+--replica-kv-gib (hit rate from vllm:prefix_cache_*).
 Targets: hit rate >= 90% of the ideal, TTFT p50 at least 2x better than round robin.
 
   python bench/prefix_routing.py [--replicas sim|argosy] [--requests 240] [--rate 20]
@@ -20,7 +21,6 @@ import asyncio
 import json
 import random
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -90,13 +90,16 @@ class Replicas:
                                                  tokens=args.max_tokens, cache_blocks=args.cache_blocks))
             self.model = "m"
         else:
-            from argosy.engine.random_model import make_random_model
+            sys.path.insert(0, str(ROOT / "bench"))
+            from common import checkpoint
+
             from tests.server_fixtures import MODEL_NAME, ServerProcess
 
-            self.tmp = tempfile.TemporaryDirectory()
-            path = str(make_random_model(Path(self.tmp.name) / "m", arch="llama", init_std=0.2))
+            # The 15.7M-parameter model, and a KV cache per replica that holds a few tenants' system
+            # prompts but not all of them: the case where routing decides the hit rate.
+            path = checkpoint("small")
             for _ in range(n):
-                self.procs.append(ServerProcess(path))
+                self.procs.append(ServerProcess(path, "--kv-cache-memory", str(args.replica_kv_gib)))
             self.model = MODEL_NAME
         self.urls = [p.url for p in self.procs]
 
@@ -130,6 +133,7 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=8)
     ap.add_argument("--prefill-per-char", type=float, default=2e-5, help="sim: seconds per uncached character")
     ap.add_argument("--cache-blocks", type=int, default=160, help="sim: blocks a replica's prefix cache holds")
+    ap.add_argument("--replica-kv-gib", type=float, default=0.03, help="argosy: KV cache per replica (GiB)")
     ap.add_argument("--json")
     args = ap.parse_args()
     reps = Replicas(args.replicas, 4, args)

@@ -6,7 +6,9 @@
 2. Server: `python -m argosy.server` with the same engine settings, --concurrency client streams
    (aiohttp, streaming /v1/completions with the prompt as token ids) each sending the next request as
    soon as its previous one ends. Output tokens/s of both, and server / offline (target >= 90%).
-3. llama.cpp: the same HTTP workload (as text) at --peer-concurrency streams against argosy and against
+3. llama.cpp: the same HTTP workload (as text; not streamed, so that both servers' usage counts the
+   tokens: on a random-weight model most of llama.cpp's tokens decode to no text, which a streamed
+   count would miss) at --peer-concurrency concurrent requests against argosy and against
    `python -m llama_cpp.server` from the venv named by --llamacpp-python, on the same weights in GGUF
    (converted here unless --gguf is given); skipped (saying how to set it up) when it is not installed.
 
@@ -100,6 +102,10 @@ async def drive(base_url: str, items: list[dict], concurrency: int, label: str) 
             async with session.post(base_url + "/completions", json=body) as resp:
                 if resp.status != 200:
                     raise RuntimeError(f"{label}: HTTP {resp.status}: {await resp.text()}")
+                if not body.get("stream"):
+                    tokens += (await resp.json())["usage"]["completion_tokens"]
+                    done += 1
+                    continue
                 async for line in resp.content:
                     # Parse only the usage event: on a small box the client's CPU time is the server's loss.
                     if line.startswith(b'data: {"id"') and b'"choices":[]' in line and b'"usage":{' in line:
@@ -125,14 +131,16 @@ async def drive(base_url: str, items: list[dict], concurrency: int, label: str) 
     return tokens / elapsed
 
 
-def http_items(work, as_text: list[str] | None, model: str, eos_bias: dict | None) -> list[dict]:
+def http_items(work, as_text: list[str] | None, model: str, eos_bias: dict | None, stream: bool = True) -> list[dict]:
     items = []
     for i, (prompt, out_len) in enumerate(work):
         body = {"model": model, "prompt": as_text[i] if as_text else prompt, "max_tokens": out_len,
-                "temperature": 0, "stream": True}
+                "temperature": 0, "stream": stream}
         if eos_bias is None:
-            body.update(ignore_eos=True, stream_options={"include_usage": True})
-        else:  # llama.cpp: no ignore_eos, no usage in streams
+            body["ignore_eos"] = True
+            if stream:
+                body["stream_options"] = {"include_usage": True}
+        else:  # llama.cpp: no ignore_eos; EOS suppressed instead
             body["logit_bias"] = eos_bias
         items.append(body)
     return items
@@ -166,7 +174,7 @@ def peer_comparison(path: str, work, args) -> None:
     eos = {str(i): -100 for i in tok.eos_token_ids}
     proc, url = argosy_server(path, args, args.peer_concurrency)
     try:
-        ours = asyncio.run(drive(url, http_items(work, texts, "bench", None), args.peer_concurrency,
+        ours = asyncio.run(drive(url, http_items(work, texts, "bench", None, stream=False), args.peer_concurrency,
                                  f"argosy server, {args.peer_concurrency} streams"))
     finally:
         stop(proc)
@@ -177,7 +185,7 @@ def peer_comparison(path: str, work, args) -> None:
     print("starting llama_cpp.server ...", flush=True)
     proc = start_server(cmd, f"http://127.0.0.1:{port}/v1/models", Path(args.log_dir) / "llama-cpp-server.log")
     try:
-        peer = asyncio.run(drive(f"http://127.0.0.1:{port}/v1", http_items(work, texts, "bench", eos),
+        peer = asyncio.run(drive(f"http://127.0.0.1:{port}/v1", http_items(work, texts, "bench", eos, stream=False),
                                  args.peer_concurrency, f"llama.cpp server, {args.peer_concurrency} streams"))
     finally:
         stop(proc)
@@ -198,6 +206,7 @@ def main() -> None:
     ap.add_argument("--peer-concurrency", type=int, default=16)
     ap.add_argument("--gguf", default=None, help="the same checkpoint in GGUF (default: converted here)")
     add_arguments(ap)
+    ap.add_argument("--peer-only", action="store_true", help="only the llama.cpp comparison")
     ap.add_argument("--peer-args", default="", help="extra llama_cpp.server flags, e.g. '--n_gpu_layers -1'")
     ap.add_argument("--log-dir", default="/tmp")
     args = ap.parse_args()
@@ -207,6 +216,9 @@ def main() -> None:
     print(f"checkpoint: {path} ({param_count(path) / 1e6:.1f}M parameters), {args.num_requests} requests, "
           f"prompts {args.prompt_len[0]}-{args.prompt_len[1]} tokens, outputs {args.output_len[0]}-"
           f"{args.output_len[1]} tokens, max_num_seqs {args.max_num_seqs}", flush=True)
+    if args.peer_only:
+        peer_comparison(path, work, args)
+        return
     print("offline LLM.generate ...", flush=True)
     offline = run_offline(path, work, args)
     print(f"offline LLM.generate:            {offline:8.1f} output tok/s", flush=True)
