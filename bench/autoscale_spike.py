@@ -1,7 +1,14 @@
 """A load step against `argosy serve`: concurrency at one replica's capacity, then 10x, then back.
 
 Reports the time to scale (the step until the autoscaler's first new replica is ready, and until all it
-asked for are), requests refused, TTFT p50/p99 before / during / after the step, and cold-start times.
+asked for are), requests refused, TTFT p50/p99 before / during / after the step, cold-start times, and
+the concurrency the gateway actually saw in each phase (what the autoscaler scales on).
+
+The clients are closed loops in this one process. `argosy serve` and its replicas run at a lower CPU
+priority (--server-nice) so that, on a machine whose cores the replicas fill, the load generator is not
+starved: a starved client spends most of each request in its own event loop, the gateway sees a
+fraction of the offered concurrency, and the autoscaler rightly scales down under what looks like 10x
+load. A phase whose observed concurrency falls well short of the offered one is flagged.
 
     python bench/autoscale_spike.py [--model CKPT] [--target 4] [--before 10] [--during 40] [--after 10]
 Without --model it builds a small random-weight checkpoint. Progress is printed every second.
@@ -16,6 +23,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -57,6 +65,7 @@ async def run(url: str, args: argparse.Namespace) -> dict:
     plan = [("before", args.target, args.before), ("during", 10 * args.target, args.during),
             ("after", args.target, args.after)]
     fleet_log: list[dict] = []
+    seen: dict[str, list[float]] = {}  # in flight + queued at the gateway, sampled each second
     async with httpx.AsyncClient(timeout=300, limits=httpx.Limits(max_connections=1000)) as c:
         step_t = None
         for name, conc, secs in plan:
@@ -71,9 +80,11 @@ async def run(url: str, args: argparse.Namespace) -> dict:
                 st = (await c.get(url + "/admin/fleet")).json()["models"][0]
                 ready = sum(1 for r in st["replicas"] if r["state"] == "ready" and not r["pooled"])
                 fleet_log.append({"t": time.monotonic(), "ready": ready, "desired": st["desired"]})
+                seen.setdefault(name, []).append(st["in_flight"] + st["queued"])
                 done = sum(1 for o in out if o["phase"] == name)
-                print(f"  [{name:>6} {time.monotonic() - t0:5.1f}/{secs} s] concurrency {conc}, {done} requests done, "
-                      f"replicas ready {ready}, desired {st['desired']}, panic {st['panic']}", flush=True)
+                print(f"  [{name:>6} {time.monotonic() - t0:5.1f}/{secs} s] {conc} clients, gateway in flight "
+                      f"{st['in_flight']} + queued {st['queued']}, {done} requests done, replicas ready {ready}, "
+                      f"desired {st['desired']}, panic {st['panic']}", flush=True)
             phase[0] = "next"
             await asyncio.gather(*tasks)
         final = (await c.get(url + "/admin/fleet")).json()["models"][0]
@@ -83,12 +94,18 @@ async def run(url: str, args: argparse.Namespace) -> dict:
     res = {"target_concurrency_per_replica": args.target, "peak_desired_replicas": peak,
            "time_to_first_new_replica_s": first_up, "time_to_all_desired_replicas_s": all_up,
            "cold_starts_s": sorted(r["cold_start_s"] for r in final["replicas"] if r["cold_start_s"])}
-    for name, _, _ in plan:
+    for name, conc, _ in plan:
         rs = [o for o in out if o["phase"] == name]
         ttfts = [o["ttft"] for o in rs if o["ttft"] is not None and o["status"] == 200]
-        res[name] = {"requests": len(rs), "refused": sum(1 for o in rs if o["status"] in (429, 503)),
+        obs = seen.get(name) or [0]
+        res[name] = {"clients": conc, "gateway_concurrency_mean": round(sum(obs) / len(obs), 1),
+                     "requests": len(rs), "refused": sum(1 for o in rs if o["status"] in (429, 503)),
                      "failed": sum(1 for o in rs if o["status"] not in (200, 429, 503)),
                      "ttft_p50_s": pct(ttfts, 0.5), "ttft_p99_s": pct(ttfts, 0.99)}
+        if res[name]["gateway_concurrency_mean"] < 0.5 * conc:
+            res[name]["warning"] = (f"the gateway saw {res[name]['gateway_concurrency_mean']:g} requests in flight "
+                                    f"on average, not {conc}: the load generator is starved (CPU?), so the "
+                                    f"autoscaler's decisions in this phase reflect that lower load")
     return res
 
 
@@ -101,6 +118,8 @@ def main() -> int:
     ap.add_argument("--during", type=float, default=40, help="seconds at 10x")
     ap.add_argument("--after", type=float, default=10, help="seconds at 1x again")
     ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--server-nice", type=int, default=10,
+                    help="niceness added to `argosy serve` and its replicas, so the clients are not starved")
     ap.add_argument("--out", help="write the results as JSON here")
     args = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="autoscale-spike-")
@@ -120,10 +139,13 @@ def main() -> int:
     cfg.write_text(yaml.safe_dump(fleet))
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "argosy.cli", "serve", "--config", str(cfg), "--log-level",
-                             "warning"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                             "warning"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=(lambda: os.nice(args.server_nice)) if args.server_nice else None)
     try:
         line = proc.stdout.readline()
         url = line.split("listening on ", 1)[1].split(";", 1)[0].strip()
+        # Keep reading its output (logs, a replica's failure), so a full pipe never blocks the gateway.
+        threading.Thread(target=lambda: [None for _ in proc.stdout], daemon=True).start()
         print(f"argosy serve at {url}; waiting for the first replica ...", flush=True)
         t0 = time.monotonic()
         while not any(r["state"] == "ready" for r in httpx.get(url + "/admin/fleet").json()["models"][0]["replicas"]):

@@ -1,9 +1,21 @@
-"""The autoscaler as a pure class: observations in, decisions out, on a fake clock."""
+"""The autoscaler as a pure class: observations in, decisions out, on a fake clock; and what the model
+controller observes for it, on fakes."""
 
 from __future__ import annotations
 
-from argosy.config import AutoscalingConfig
+import asyncio
+from types import SimpleNamespace
+
+from prometheus_client import CollectorRegistry
+
+from argosy.config import AdmissionConfig, AutoscalingConfig, parse_fleet
 from argosy.fleet.autoscaler import Autoscaler, Observation
+from argosy.fleet.metrics import FleetMetrics
+from argosy.fleet.model_controller import ModelController
+from argosy.fleet.placement import Need, Placer
+from argosy.fleet.replica import DRAINING, READY, Replica, ReplicaSpec
+from argosy.gateway.admission import Admission
+from argosy.gateway.health import Upstream
 
 
 class Clock:
@@ -116,3 +128,77 @@ def test_other_metrics():
         c3.t += 1
         r.observe(Observation(concurrency=0, rps=12), ready=1)
     assert r.decide(1).desired == 3
+
+
+def spike_cfg() -> AutoscalingConfig:
+    """bench/autoscale_spike.py's settings: 4 per replica, at most 4 replicas, ticks every 0.5 s."""
+    return cfg(max_replicas=4, target=4, stable_window_s=20, panic_window_s=3, scale_down_delay_s=5)
+
+
+def test_a_sustained_spike_at_max_replicas_never_scales_down_when_panic_ends():
+    # The bench's step seen as the gateway should see it: 40 streams in flight while replicas come up,
+    # then for 40 s with all 4 ready. 40 / 4 = 10 wanted, capped at 4: no decision may go under 4 once
+    # there, neither while panicking nor after the panic ends (30 in flight: under 2x 4 replicas' worth).
+    for load in (40, 30):
+        c = Clock()
+        a = Autoscaler(spike_cfg(), c)
+        run(a, c, 4, 10, ready=1, step=0.5)
+        seen = []
+        for ready in (1, 1, 2, 3):
+            seen.append(run(a, c, load, 2, ready=ready, step=0.5))
+        assert seen[0].panic and seen[0].desired == 4
+        for _ in range(80):
+            seen.append(run(a, c, load, 0.5, ready=4, step=0.5))
+        assert all(d.desired == 4 for d in seen), [(d.desired, d.panic) for d in seen]
+        assert seen[-1].panic == (load == 40)  # 40 >= 2 x 16 keeps it panicking; 30 ends the panic
+
+
+def test_the_spike_bench_scale_down_followed_what_the_gateway_saw():
+    # What the gateway really observed in the run that scaled to 2 under "40 clients": the load
+    # generator, CPU-starved by the replicas, kept only ~5 requests in flight at the gateway once 4
+    # replicas were up. Then the autoscaler is right to shed replicas a stable window after the last
+    # over-threshold panic sample (5.5 / 4 -> 2, the rate bound allows 4 / 2).
+    c = Clock()
+    a = Autoscaler(spike_cfg(), c)
+    run(a, c, 4, 10, ready=1, step=0.5)
+    d = run(a, c, 15, 6, ready=1, step=0.5)
+    assert d.panic and d.desired == 4
+    d = run(a, c, 5.5, 19, ready=4, step=0.5)
+    assert d.panic and d.desired == 4  # still within a stable window of the last panic sample
+    d = run(a, c, 5.5, 10, ready=4, step=0.5)
+    assert not d.panic and d.desired == 2
+
+
+def test_observed_concurrency_is_every_stream_in_flight_or_queued_at_the_gateway():
+    """The controller's observation counts what admission holds (streams in progress on any replica,
+    draining ones included, requests held by the activator, and the queue), not the ready replicas'."""
+    fleet = parse_fleet({"models": [{"name": "m", "checkpoint": "/nonexistent",
+                                     "autoscaling": {"max_replicas": 4, "target": 4}}]}, "test")
+    adm = Admission(AdmissionConfig(max_in_flight=40, max_queue=10))
+    rt = SimpleNamespace(admission=adm, activator=None)
+    gw = SimpleNamespace(reg=SimpleNamespace(by_url={}))
+    mc = ModelController(fleet.models[0], rt, gw, None, Placer([]), Need.of(0, 0.0, {}),
+                         FleetMetrics(CollectorRegistry()))
+    for i, (state, streams) in enumerate(((READY, 18), (READY, 18), (DRAINING, 4))):
+        r = Replica("m", ReplicaSpec("m", "/nonexistent", []))
+        r.state, r.url = state, f"http://127.0.0.1:{9000 + i}"
+        mc.replicas[r.id] = r
+        gw.reg.by_url[r.url] = Upstream(r.url)
+        gw.reg.by_url[r.url].in_flight = streams
+
+    async def load() -> list[asyncio.Task]:
+        for _ in range(40):
+            await adm.acquire()  # 40 streams in flight, spread over two ready replicas and a draining one
+        return [asyncio.create_task(adm.acquire()) for _ in range(3)]  # and 3 queued behind them
+
+    async def scenario() -> None:
+        queued = await load()
+        await asyncio.sleep(0)
+        o = mc.observe(mc.ready_routed())
+        assert o.concurrency == 43 and o.queue == 3
+        o = mc.observe([])  # what is ready does not change what is in flight
+        assert o.concurrency == 43
+        for t in queued:
+            t.cancel()
+
+    asyncio.run(scenario())

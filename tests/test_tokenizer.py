@@ -177,15 +177,14 @@ def test_sentencepiece_matches_reference(spm_folder):
 
     tok = Tokenizer.from_pretrained(spm_folder)
     sp = sentencepiece.SentencePieceProcessor(model_file=str(spm_folder / "tokenizer.model"))
-    try:  # transformers 5 reads tokenizer.model only with protobuf installed
-        reference = _auto(spm_folder).encode
-    except Exception:
-        reference = lambda text: [sp.bos_id(), *sp.encode(text)]
+    hf = _auto(spm_folder)  # transformers reads tokenizer.model with protobuf (a test dependency)
     plain = [s for s in STRINGS if "<s>" not in s]
     for text in plain:
-        assert tok.encode(text) == reference(text), text
-        assert tok.encode(text, add_special_tokens=False) == sp.encode(text)
-        assert tok.decode(tok.encode(text)) == sp.decode(sp.encode(text))
+        assert tok.encode(text) == hf.encode(text), text
+        assert tok.encode(text, add_special_tokens=False) == hf.encode(text, add_special_tokens=False), text
+        assert tok.decode(tok.encode(text)) == hf.decode(hf.encode(text), skip_special_tokens=True), text
+        if not text.startswith(" "):  # where no dummy-prefix rule differs, plain sentencepiece agrees too
+            assert tok.encode(text, add_special_tokens=False) == sp.encode(text)
     assert tok.bos_token_id == 1 and tok.eos_token_ids == {2} and tok.vocab_size == sp.get_piece_size()
     assert tok.decode([*tok.encode("Hello"), tok.vocab_size + 3]) == "Hello"  # ids past the vocab: nothing
     assert {0, 1, 2} <= tok.all_special_ids

@@ -83,7 +83,8 @@ class _SentencePieceBackend:
         self.bos_id, self.eos_id = self.sp.bos_id(), self.sp.eos_id()
 
     def _encode_chunk(self, text: str, first: bool) -> list[int]:
-        if first or self.legacy:
+        # As transformers' Metaspace does, the dummy "▁" is not prepended to text that starts with a space.
+        if self.legacy or (first and not text.startswith(" ")):
             return self.sp.encode(text)
         # Only the text's first chunk gets sentencepiece's dummy "▁" prefix (Metaspace prepend_scheme="first"):
         # encode behind the unk piece and drop it, the trick Llama's slow tokenizer uses.
