@@ -1,0 +1,47 @@
+"""Several models in one fleet file: each gets its own replicas and is served under its own name."""
+
+from __future__ import annotations
+
+import copy
+import time
+
+import httpx
+import openai
+import pytest
+
+from tests.fleet_fixtures import Serve, ready, tiny_fleet
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def test_two_models_scaled_independently(tiny_llama):
+    fleet = tiny_fleet(tiny_llama, min_replicas=2, max_replicas=2)
+    big = copy.deepcopy(fleet["models"][0])
+    big["name"] = "big"
+    big["autoscaling"].update(min_replicas=1, max_replicas=1)
+    big["routing"] = {"policy": "least_load"}
+    fleet["models"][0]["name"] = "embed"
+    fleet["models"].append(big)
+    serve = Serve(fleet)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            models = {m["model"]: m for m in httpx.get(serve.url + "/admin/fleet", timeout=10).json()["models"]}
+            counts = {name: len(ready(m)) for name, m in models.items()}
+            if counts == {"embed": 2, "big": 1}:
+                break
+            assert time.monotonic() < deadline, f"replicas never reached 2 + 1: {counts}"
+            time.sleep(0.3)
+        urls = {name: {r["url"] for r in ready(m)} for name, m in models.items()}
+        assert not urls["embed"] & urls["big"]  # separate replicas, not shared ones
+        with openai.OpenAI(base_url=serve.url + "/v1", api_key="none", max_retries=0) as client:
+            listed = {m.id for m in client.models.list().data}
+            assert {"embed", "big"} <= listed
+            for name in ("embed", "big"):
+                r = client.completions.create(model=name, prompt="Hello", max_tokens=4,
+                                              extra_body={"ignore_eos": True})
+                assert r.model == name and r.usage.completion_tokens == 4
+            with pytest.raises(openai.NotFoundError):
+                client.completions.create(model="absent", prompt="Hello", max_tokens=4)
+    finally:
+        assert serve.stop() is not None
