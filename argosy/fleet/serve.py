@@ -11,8 +11,6 @@ process groups; PR_SET_PDEATHSIG ends them should this process die without clean
 from __future__ import annotations
 
 import argparse
-import logging
-import socket
 import sys
 from pathlib import Path
 
@@ -87,7 +85,7 @@ def run_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from argosy.fleet.controller import managed
-    from argosy.gateway.cli import is_loopback
+    from argosy.gateway.cli import bind
 
     try:
         fleet = fleet_from_args(args)
@@ -99,25 +97,14 @@ def run_serve(args: argparse.Namespace) -> int:
             print(f"argosy serve: model {m.name!r}: no checkpoint at {m.checkpoint} (config.json missing)",
                   file=sys.stderr)
             return 2
-    gw = fleet.gateway
-    host = args.host or gw.host
-    port = gw.port if args.port is None else args.port
-    if not fleet.keys and not is_loopback(host) and not args.insecure:
-        print(f"argosy serve: refusing to listen on {host} with no API keys configured; add one with "
-              f"`argosy keys add NAME --config FILE`, bind 127.0.0.1, or pass --insecure", file=sys.stderr)
+    bound = bind(fleet, args, "argosy serve")
+    if bound is None:
         return 2
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    sock.listen(4096)
-    shown = f"[{host}]" if family == socket.AF_INET6 else host
-    scheme = "https" if gw.tls.cert else "http"
+    sock, url = bound
     models = ", ".join(f"{m.name} ({m.autoscaling.min_replicas}..{m.autoscaling.max_replicas} replicas)"
                        for m in managed(fleet))
-    print(f"argosy serve: gateway listening on {scheme}://{shown}:{sock.getsockname()[1]}; models: {models}",
-          flush=True)
+    print(f"argosy serve: gateway listening on {url}; models: {models}", flush=True)
+    gw = fleet.gateway
     cfg = uvicorn.Config(ServeApp(fleet), lifespan="on", access_log=False, log_level="warning",
                          ssl_certfile=gw.tls.cert, ssl_keyfile=gw.tls.key, timeout_graceful_shutdown=5)
     uvicorn.Server(cfg).run(sockets=[sock])

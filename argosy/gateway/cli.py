@@ -37,6 +37,29 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def bind(fleet, args: argparse.Namespace, prog: str) -> tuple[socket.socket, str] | None:
+    """The listening socket for the gateway's address (flags over the fleet file), and its URL; None, with
+    the reason printed, when the address is not loopback and no API key is configured (unless --insecure)."""
+    gw = fleet.gateway
+    host = args.host or gw.host
+    port = gw.port if args.port is None else args.port
+    if not fleet.keys and not is_loopback(host) and not args.insecure:
+        print(f"{prog}: refusing to listen on {host} with no API keys configured: anyone who can "
+              f"reach it could use every model.\nAdd a key first:  argosy keys add NAME --config "
+              f"{getattr(args, 'config', None) or 'fleet.yaml'}\nor bind 127.0.0.1, or pass --insecure.",
+              file=sys.stderr)
+        return None
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(4096)  # connections wait in the backlog until the app has started
+    scheme = "https" if gw.tls.cert else "http"
+    shown = f"[{host}]" if family == socket.AF_INET6 else host
+    return sock, f"{scheme}://{shown}:{sock.getsockname()[1]}"
+
+
 def run_gateway(args: argparse.Namespace) -> int:
     import uvicorn
 
@@ -47,23 +70,12 @@ def run_gateway(args: argparse.Namespace) -> int:
     except FleetConfigError as e:
         print(f"argosy gateway: {e}", file=sys.stderr)
         return 2
-    gw = fleet.gateway
-    host = args.host or gw.host
-    port = gw.port if args.port is None else args.port
-    if not fleet.keys and not is_loopback(host) and not args.insecure:
-        print(f"argosy gateway: refusing to listen on {host} with no API keys configured: anyone who can "
-              f"reach it could use every model.\nAdd a key first:  argosy keys add NAME --config "
-              f"{args.config or 'fleet.yaml'}\nor bind 127.0.0.1, or pass --insecure.", file=sys.stderr)
+    bound = bind(fleet, args, "argosy gateway")
+    if bound is None:
         return 2
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    sock.listen(4096)  # connections wait in the backlog until the app has started
-    scheme = "https" if gw.tls.cert else "http"
-    shown = f"[{host}]" if family == socket.AF_INET6 else host
-    print(f"argosy gateway listening on {scheme}://{shown}:{sock.getsockname()[1]}", flush=True)
+    sock, url = bound
+    print(f"argosy gateway listening on {url}", flush=True)
+    gw = fleet.gateway
     cfg = uvicorn.Config(Gateway(fleet), lifespan="on", access_log=False, log_level="warning",
                          ssl_certfile=gw.tls.cert, ssl_keyfile=gw.tls.key, timeout_graceful_shutdown=5)
     uvicorn.Server(cfg).run(sockets=[sock])
