@@ -65,7 +65,7 @@ class NodeConfig(_Strict):
     provider: str = "local"
     gpus: list[GPUSpec] = []
     memory_gib: float | None = Field(None, gt=0)  # host RAM for CPU replicas (None: detected, or unbounded)
-    resources: dict[str, float] = {}  # ray: custom resources a replica placed here requests
+    resources: dict[str, float] = {}  # custom resources the node offers (ray: as the cluster reports them)
 
 
 class EngineSection(_Strict):
@@ -172,6 +172,7 @@ class ModelConfig(_Strict):
     checkpoint: str | None = None
     revision: str = "v1"
     provider: str = "local"
+    resources: dict[str, float] = {}  # custom resources each replica needs (ray: requested by its actor)
     engine: EngineSection = EngineSection()
     routing: RoutingConfig = RoutingConfig()
     length_classes: list[LengthClass] | None = None

@@ -85,16 +85,14 @@ async def wait(what: str, cond, timeout: float = 120.0) -> None:
         await asyncio.sleep(0.2)
 
 
-def test_replicas_on_both_nodes_and_a_lost_node_is_replaced(cluster, tiny_llama, monkeypatch):
-    from argosy.fleet import controller
-
+def test_replicas_on_both_nodes_and_a_lost_node_is_replaced(cluster, tiny_llama):
     cfg = tiny_fleet(tiny_llama, min_replicas=2, max_replicas=2, tick_s=0.5)
     cfg["providers"] = {"ray": {"num_cpus": 1}}  # the driver is already connected (ray.init above)
     cfg["models"][0]["provider"] = "ray"
     # Bound by name to the Ray nodes with the custom resources `head` and `worker`.
     cfg["nodes"] = [{"name": "head", "provider": "ray", "resources": {"argosy_slot": 2}},
                     {"name": "worker", "provider": "ray", "resources": {"argosy_slot": 1}}]
-    monkeypatch.setattr(controller, "model_resources", lambda m: {"argosy_slot": 1})  # models[].resources
+    cfg["models"][0]["resources"] = {"argosy_slot": 1}  # each replica takes one slot
     worker_id = next(n["NodeID"] for n in ray.nodes() if n["Alive"] and "worker" in n["Resources"])
     asyncio.run(_scenario(parse_fleet(cfg), cluster, worker_id))
 

@@ -40,7 +40,7 @@ def managed(fleet: FleetConfig) -> list[ModelConfig]:
 
 def model_resources(m: ModelConfig) -> dict[str, float]:
     """`models[].resources`: custom resources (Ray's) each replica of the model asks for."""
-    return dict(getattr(m, "resources", None) or {})
+    return dict(m.resources)
 
 
 def model_need(m: ModelConfig, nodes: list[Node]) -> Need:
