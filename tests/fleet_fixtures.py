@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import socket
 import subprocess
 import sys
 import tempfile
@@ -109,3 +111,43 @@ def engine_pids(checkpoint: str) -> list[int]:
         if b"engine" in cmd and checkpoint.encode() in cmd and "State:\tZ" not in status:
             out.append(int(d.name))
     return out
+
+
+async def wait_until(what: str, cond, timeout: float = 90.0) -> None:
+    """Polls cond() on the event loop; prints progress every second; fails after timeout seconds."""
+    import asyncio
+
+    t0 = last = time.monotonic()
+    while not cond():
+        if time.monotonic() - t0 > timeout:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+        if time.monotonic() - last > 1:
+            print(f"  [{time.monotonic() - t0:5.1f} s] waiting for {what}", flush=True)
+            last = time.monotonic()
+        await asyncio.sleep(0.1)
+
+
+@contextlib.asynccontextmanager
+async def serve_in_process(fleet):
+    """`argosy serve`'s app (gateway + controller, one event loop) on a free port: yields (app, client)."""
+    import asyncio
+
+    import openai
+    import uvicorn
+
+    from argosy.fleet.serve import ServeApp
+
+    app = ServeApp(fleet)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    server = uvicorn.Server(uvicorn.Config(app, lifespan="on", log_level="warning"))
+    serving = asyncio.get_running_loop().create_task(server.serve(sockets=[sock]))
+    client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=120)
+    try:
+        await wait_until("the server", lambda: server.started)
+        yield app, client
+    finally:
+        server.should_exit = True
+        await asyncio.wait_for(serving, 60)
+        await client.close()

@@ -14,14 +14,11 @@ import sys
 import tempfile
 import time
 
-import openai
 import pytest
-import uvicorn
 
 from argosy.config import parse_fleet
 from argosy.fleet.replica import READY
-from argosy.fleet.serve import ServeApp
-from tests.fleet_fixtures import tiny_fleet
+from tests.fleet_fixtures import serve_in_process, tiny_fleet, wait_until
 
 ray = pytest.importorskip("ray")
 
@@ -74,17 +71,6 @@ def cluster(monkeypatch):
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-async def wait(what: str, cond, timeout: float = 120.0) -> None:
-    t0 = last = time.monotonic()
-    while not cond():
-        if time.monotonic() - t0 > timeout:
-            raise AssertionError(f"timed out waiting for {what}")
-        if time.monotonic() - last > 2:
-            print(f"  [{time.monotonic() - t0:5.1f} s] waiting for {what}", flush=True)
-            last = time.monotonic()
-        await asyncio.sleep(0.2)
-
-
 def test_replicas_on_both_nodes_and_a_lost_node_is_replaced(cluster, tiny_llama):
     cfg = tiny_fleet(tiny_llama, min_replicas=2, max_replicas=2, tick_s=0.5)
     cfg["providers"] = {"ray": {"num_cpus": 1}}  # the driver is already connected (ray.init above)
@@ -102,35 +88,23 @@ async def _scenario(fleet, worker_proc, worker_id: str) -> None:
 
     found = {n.name: n for n in await RayProvider().nodes()}  # discovery, without fleet-file nodes
     assert found["ray-" + worker_id[:8]].resources["argosy_slot"] == 1 and len(found) == 2, found
-    app = ServeApp(fleet)
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    server = uvicorn.Server(uvicorn.Config(app, lifespan="on", log_level="warning"))
-    serving = asyncio.get_running_loop().create_task(server.serve(sockets=[sock]))
-    client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=120)
-    try:
-        await wait("the server", lambda: server.started)
+    async with serve_in_process(fleet) as (app, client):
         mc = app.controller.models["tiny"]
         ready = lambda: [r for r in mc.replicas.values() if r.state == READY]  # noqa: E731
-        await wait("two ready replicas", lambda: len(ready()) == 2)
+        await wait_until("two ready replicas", lambda: len(ready()) == 2, timeout=120)
         assert {r.node for r in ready()} == {"head", "worker"}  # one on each node
         assert app.controller.providers["ray"].node_ids["worker"] == worker_id
         worker_name = "worker"
         # Each actor holds one argosy_slot (3 in the cluster).
-        await wait("two argosy_slots in use", lambda: ray.available_resources().get("argosy_slot", 0) == 1, 30)
+        await wait_until("two argosy_slots in use", lambda: ray.available_resources().get("argosy_slot", 0) == 1, 30)
         for _ in range(4):
             r = await client.completions.create(model="tiny", prompt="Hi", max_tokens=4)
             assert r.choices[0].text
         lost = next(r for r in ready() if r.node == worker_name)
         worker_proc.terminate()  # the worker node ends, its actors and their engines with it
-        await wait("a replacement on the head node",
-                   lambda: len(ready()) == 2 and all(r.node != worker_name for r in ready()))
+        await wait_until("a replacement on the head node",
+                         lambda: len(ready()) == 2 and all(r.node != worker_name for r in ready()), timeout=120)
         assert lost.id not in mc.replicas and any(f["id"] == lost.id for f in mc.recent_failures)
         assert "worker" in app.controller.providers["ray"].down_nodes()
         r = await client.completions.create(model="tiny", prompt="Hi", max_tokens=4)
         assert r.choices[0].text
-    finally:
-        server.should_exit = True
-        await asyncio.wait_for(serving, 60)
-        await client.close()

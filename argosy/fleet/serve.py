@@ -82,10 +82,9 @@ class ServeApp:
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    import uvicorn
 
     from argosy.fleet.controller import managed
-    from argosy.gateway.cli import bind
+    from argosy.gateway.cli import bind, serve_on
 
     try:
         fleet = fleet_from_args(args)
@@ -104,8 +103,4 @@ def run_serve(args: argparse.Namespace) -> int:
     models = ", ".join(f"{m.name} ({m.autoscaling.min_replicas}..{m.autoscaling.max_replicas} replicas)"
                        for m in managed(fleet))
     print(f"argosy serve: gateway listening on {url}; models: {models}", flush=True)
-    gw = fleet.gateway
-    cfg = uvicorn.Config(ServeApp(fleet), lifespan="on", access_log=False, log_level="warning",
-                         ssl_certfile=gw.tls.cert, ssl_keyfile=gw.tls.key, timeout_graceful_shutdown=5)
-    uvicorn.Server(cfg).run(sockets=[sock])
-    return 0
+    return serve_on(ServeApp(fleet), fleet, sock)

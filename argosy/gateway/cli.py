@@ -61,7 +61,6 @@ def bind(fleet, args: argparse.Namespace, prog: str) -> tuple[socket.socket, str
 
 
 def run_gateway(args: argparse.Namespace) -> int:
-    import uvicorn
 
     from argosy.gateway.app import Gateway
 
@@ -75,9 +74,16 @@ def run_gateway(args: argparse.Namespace) -> int:
         return 2
     sock, url = bound
     print(f"argosy gateway listening on {url}", flush=True)
-    gw = fleet.gateway
-    cfg = uvicorn.Config(Gateway(fleet), lifespan="on", access_log=False, log_level="warning",
-                         ssl_certfile=gw.tls.cert, ssl_keyfile=gw.tls.key, timeout_graceful_shutdown=5)
+    return serve_on(Gateway(fleet), fleet, sock)
+
+
+def serve_on(app, fleet, sock: socket.socket) -> int:
+    """Runs an ASGI app (the gateway, or `argosy serve`'s) on a bound socket until Ctrl-C or SIGTERM."""
+    import uvicorn
+
+    tls = fleet.gateway.tls
+    cfg = uvicorn.Config(app, lifespan="on", access_log=False, log_level="warning", ssl_certfile=tls.cert,
+                         ssl_keyfile=tls.key, timeout_graceful_shutdown=5)
     uvicorn.Server(cfg).run(sockets=[sock])
     return 0
 

@@ -16,13 +16,11 @@ from argosy.server.errors import APIError
 from argosy.server.logprobs import chat_logprobs
 from argosy.server.protocol import (
     Fields,
-    check_model,
-    read_json_body,
     sampling_params,
     scheduling_fields,
     stream_flags,
 )
-from argosy.server.state import ServerState, dumps, json_response, new_id, usage
+from argosy.server.state import ServerState, dumps, json_response, new_id, open_request, usage
 from argosy.server.streaming import DONE, SSEResponse, wait_for_finals
 
 _ROLES = {"system", "user", "assistant", "developer"}
@@ -85,11 +83,7 @@ def _prompt_ids(state: ServerState, fields: Fields, messages: list[dict[str, str
 
 
 async def create_chat_completion(request: Request) -> Response | SSEResponse:
-    arrival = time.monotonic()
-    state: ServerState = request.app.state.argosy
-    state.check_ready()
-    fields = Fields(await read_json_body(request, state.max_body_bytes))
-    check_model(fields, state.served_model_name)
+    arrival, state, fields = await open_request(request)
     messages = parse_messages(fields.body.get("messages"))
     fields.reject_unsupported("tools", "tool calling is not available")
     fields.reject_unsupported("functions", "function calling is not available")

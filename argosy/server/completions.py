@@ -15,14 +15,11 @@ from argosy.server.deltas import DeltaTracker
 from argosy.server.errors import APIError
 from argosy.server.logprobs import completion_logprobs
 from argosy.server.protocol import (
-    Fields,
-    check_model,
-    read_json_body,
     sampling_params,
     scheduling_fields,
     stream_flags,
 )
-from argosy.server.state import ServerState, dumps, json_response, new_id, usage
+from argosy.server.state import ServerState, dumps, json_response, new_id, open_request, usage
 from argosy.server.streaming import DONE, SSEResponse, wait_for_finals
 
 Prompt = str | list[int]
@@ -65,11 +62,7 @@ class _Job:
 
 
 async def create_completion(request: Request) -> Response | SSEResponse:
-    arrival = time.monotonic()
-    state: ServerState = request.app.state.argosy
-    state.check_ready()
-    fields = Fields(await read_json_body(request, state.max_body_bytes))
-    check_model(fields, state.served_model_name)
+    arrival, state, fields = await open_request(request)
     prompts = parse_prompts(fields.body.get("prompt"))
     stream, include_usage = stream_flags(fields)
     echo = fields.get_bool("echo", False)

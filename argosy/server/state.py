@@ -15,6 +15,7 @@ from argosy.engine.outputs import RequestOutput
 from argosy.server.async_engine import AsyncEngine, EngineRequest, EngineStepError, RequestGroup
 from argosy.server.errors import APIError
 from argosy.server.metrics import ServerMetrics
+from argosy.server.protocol import Fields, check_model, read_json_body
 
 
 def dumps(obj: Any) -> str:
@@ -73,3 +74,13 @@ class ServerState:
             raise APIError.from_invalid(exc) from None
         except EngineStepError as exc:
             raise APIError(500, str(exc), code="engine_error") from None
+
+
+async def open_request(request) -> tuple[float, ServerState, Fields]:
+    """The start of every generation endpoint: arrival time, the ready server, the parsed body (model checked)."""
+    arrival = time.monotonic()
+    state: ServerState = request.app.state.argosy
+    state.check_ready()
+    fields = Fields(await read_json_body(request, state.max_body_bytes))
+    check_model(fields, state.served_model_name)
+    return arrival, state, fields
