@@ -1,0 +1,117 @@
+"""What was served on which GPUs: read from a simulation result, a bench result, or plain rates.
+
+A `Usage` covers `duration_h` hours; the estimator scales it to the week or month asked for.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+SIM_KEYS = ("duration_s", "gpu_hours", "input_tokens", "output_tokens", "token_time_split")
+
+
+class UsageError(ValueError):
+    """Input that does not describe any usage: a bad results file or a missing flag."""
+
+
+@dataclass(frozen=True)
+class Usage:
+    source: str  # where it came from, for the report
+    duration_h: float
+    gpu_hours: dict[str, float]  # GPU name -> GPU-hours over duration_h
+    input_tokens: float
+    output_tokens: float
+    input_share: float | None = None  # share of GPU time spent on input tokens, when measured
+    utilization: float | None = None  # busy share of the GPU-hours, when measured
+    requests: float | None = None
+
+    def __post_init__(self) -> None:
+        if not (self.duration_h > 0 and math.isfinite(self.duration_h)):
+            raise UsageError(f"{self.source}: duration must be > 0 s")
+        if not self.gpu_hours or any(not (h >= 0 and math.isfinite(h)) for h in self.gpu_hours.values()):
+            raise UsageError(f"{self.source}: GPU-hours must be given per GPU and be >= 0")
+        if self.input_tokens < 0 or self.output_tokens < 0:
+            raise UsageError(f"{self.source}: token counts must be >= 0")
+        for name, v in (("input share", self.input_share), ("utilization", self.utilization)):
+            if v is not None and not 0.0 <= v <= 1.0:
+                raise UsageError(f"{self.source}: {name} must be between 0 and 1, got {v}")
+
+
+def _read_json(path: str) -> Any:
+    try:
+        return json.loads(Path(path).read_text())
+    except OSError as e:
+        raise UsageError(f"cannot read {path}: {e.strerror or e}") from None
+    except json.JSONDecodeError as e:
+        raise UsageError(f"{path}: not JSON ({e.msg}, line {e.lineno})") from None
+
+
+def _number(d: dict, key: str, path: str) -> float:
+    v = d[key]
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        raise UsageError(f"{path}: {key} must be a number, got {v!r}")
+    return float(v)
+
+
+def from_sim(path: str) -> Usage:
+    """`argosy sim`'s result JSON: duration_s, gpu_hours {GPU: h}, input/output_tokens, token_time_split;
+    optionally requests and gpu_busy_share (or utilization)."""
+    d = _read_json(path)
+    if not isinstance(d, dict):
+        raise UsageError(f"{path}: not a simulation result (a JSON object with {', '.join(SIM_KEYS)})")
+    missing = [k for k in SIM_KEYS if k not in d]
+    if missing:
+        raise UsageError(f"{path}: not a simulation result: missing {', '.join(missing)}")
+    gpu_hours, split = d["gpu_hours"], d["token_time_split"]
+    if not isinstance(gpu_hours, dict) or not all(isinstance(v, int | float) for v in gpu_hours.values()):
+        raise UsageError(f"{path}: gpu_hours must map GPU names to hours, e.g. {{\"H100\": 12.5}}")
+    if not isinstance(split, dict) or not isinstance(split.get("input"), int | float):
+        raise UsageError(f"{path}: token_time_split must be {{\"input\": f, \"output\": 1-f}}")
+    duration_s = _number(d, "duration_s", path)
+    busy_key = next((k for k in ("gpu_busy_share", "utilization") if d.get(k) is not None), None)
+    return Usage(source=f"simulation {path}", duration_h=duration_s / 3600,
+                 gpu_hours={str(k): float(v) for k, v in gpu_hours.items()},
+                 input_tokens=_number(d, "input_tokens", path), output_tokens=_number(d, "output_tokens", path),
+                 input_share=float(split["input"]), requests=_sim_requests(d, duration_s, path),
+                 utilization=None if busy_key is None else min(_number(d, busy_key, path), 1.0))
+
+
+def _sim_requests(d: dict, duration_s: float, path: str) -> float | None:
+    """Requests served: a number, or the sim's {"completed": n, "measured_from_s": warmup}."""
+    r = d.get("requests")
+    if r is None or isinstance(r, int | float):
+        return r
+    if not isinstance(r, dict) or not isinstance(r.get("completed"), int | float):
+        raise UsageError(f"{path}: requests must be a number or {{\"completed\": n, ...}}")
+    # The sim counts requests after its warm-up but tokens over the whole run: scale the count up
+    # to the whole run, so that tokens per request stay right.
+    warmup_s = float(r.get("measured_from_s") or 0.0)
+    return r["completed"] * duration_s / (duration_s - warmup_s) if 0 <= warmup_s < duration_s else r["completed"]
+
+
+def from_bench(path: str, gpu: str, gpus: float) -> Usage:
+    """`argosy bench`'s result JSON, served by `gpus` GPUs of type `gpu` for the whole run."""
+    from argosy.bench import results
+
+    try:
+        result = results.load(path)
+    except OSError as e:
+        raise UsageError(f"cannot read {path}: {e.strerror or e}") from None
+    except (ValueError, KeyError, TypeError) as e:  # not JSON, or not a bench file
+        raise UsageError(f"{path}: not an argosy bench results file ({e})") from None
+    summaries = [run["summary"] for run in result["runs"]]
+    duration_h = sum(s["duration_s"] for s in summaries) / 3600
+    return Usage(source=f"bench {path}", duration_h=duration_h, gpu_hours={gpu: gpus * duration_h},
+                 input_tokens=sum(s["total_input_tokens"] for s in summaries),
+                 output_tokens=sum(s["total_output_tokens"] for s in summaries),
+                 requests=sum(s["completed"] for s in summaries))
+
+
+def from_rates(gpu: str, gpus: float, input_tokens_per_s: float, output_tokens_per_s: float) -> Usage:
+    """`gpus` GPUs serving steady token rates; one hour of it (the estimator scales it to the period)."""
+    return Usage(source="flags", duration_h=1.0, gpu_hours={gpu: float(gpus)},
+                 input_tokens=input_tokens_per_s * 3600, output_tokens=output_tokens_per_s * 3600)
