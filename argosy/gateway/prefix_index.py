@@ -25,14 +25,15 @@ def prefix_hashes(text: str, block_chars: int) -> list[bytes]:
 
 
 class PrefixIndex:
-    def __init__(self, max_blocks: int = 200_000, ttl_s: float = 600.0):
+    def __init__(self, max_blocks: int = 200_000, ttl_s: float = 600.0, clock=time.monotonic):
         self.max_blocks, self.ttl_s = max_blocks, ttl_s
+        self.clock = clock  # the simulator passes its own clock
         self.entries: OrderedDict[bytes, dict[str, float]] = OrderedDict()  # hash -> {upstream: last used}
         self.held: dict[str, int] = {}  # upstream -> entries it holds (how much cache it is guessed to use)
 
     def match(self, hashes: list[bytes], candidates: Iterable[str]) -> dict[str, int]:
         """Leading blocks of `hashes` each candidate holds (0 for none)."""
-        now = time.monotonic()
+        now = self.clock()
         alive = set(candidates)
         result = dict.fromkeys(alive, 0)
         depth = 0
@@ -49,7 +50,7 @@ class PrefixIndex:
         return result
 
     def insert(self, hashes: list[bytes], upstream: str) -> None:
-        now = time.monotonic()
+        now = self.clock()
         entries = self.entries
         for h in hashes:
             holders = entries.get(h)

@@ -1,0 +1,1 @@
+"""The fleet simulator: `argosy profile`, `argosy sim`, `argosy plan` (docs/sim.md)."""

@@ -1,0 +1,256 @@
+"""`argosy profile`, `argosy sim` and `argosy plan`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import time
+
+UNITS = {"ms": 1e-3, "s": 1.0, "m": 60.0}
+
+
+def seconds(text: str) -> float:
+    """2s, 100ms, 1.5 (seconds)."""
+    m = re.fullmatch(r"\s*([0-9.]+)\s*(ms|s|m)?\s*", text)
+    if not m:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration: use e.g. 2s, 100ms or 1.5")
+    return float(m.group(1)) * UNITS[m.group(2) or "s"]
+
+
+def _csv(kind):
+    def parse(text: str) -> tuple:
+        try:
+            return tuple(kind(x) for x in text.split(",") if x.strip())
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r}: expected a comma-separated list") from None
+    return parse
+
+
+def _fail(cmd: str, e: Exception) -> int:
+    sys.stderr.write(f"argosy {cmd}: error: {e}\n")
+    return 2
+
+
+def _log(msg: str) -> None:
+    sys.stderr.write(msg + "\n")
+    sys.stderr.flush()
+
+
+def _add_roofline(p: argparse.ArgumentParser) -> None:
+    r = p.add_argument_group("roofline profile (hardware not at hand)")
+    r.add_argument("--model-config", help="catalogue model (llama-3.1-8b, llama-3.1-70b, qwen2.5-7b), "
+                   "a checkpoint folder or a config.json")
+    r.add_argument("--dtype", default="bf16", choices=["bf16", "fp8"])
+    r.add_argument("--compute-efficiency", type=float, default=0.5, help="share of peak FLOP/s reached (0.5)")
+    r.add_argument("--memory-efficiency", type=float, default=0.7, help="share of peak bandwidth reached (0.7)")
+    r.add_argument("--cold-start", type=seconds, default=60.0, help="replica start-to-ready time (60s)")
+
+
+def _roofline_settings(args):
+    from argosy.sim.profile import RooflineSettings
+
+    for name in ("compute_efficiency", "memory_efficiency"):
+        if not 0 < getattr(args, name) <= 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be in (0, 1]")
+    return RooflineSettings(args.compute_efficiency, args.memory_efficiency, args.dtype, cold_start_s=args.cold_start)
+
+
+# ---------------------------------------------------------------------------- profile
+
+def add_profile_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", help="measure the real engine on this device with this checkpoint")
+    p.add_argument("--gpu", help="or a roofline profile for this accelerator (H100, H200, B200, A100, L40S)")
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel size (roofline)")
+    p.add_argument("--max-num-seqs", type=int, default=64, help="largest decode batch measured (64)")
+    p.add_argument("--max-num-batched-tokens", type=int, default=512, help="token budget of a step (512)")
+    p.add_argument("--kv-cache-memory", type=float, default=0.5, metavar="GIB", help="KV cache when measuring")
+    p.add_argument("--output", "-o", default="profile.json")
+    _add_roofline(p)
+
+
+def run_profile(args: argparse.Namespace) -> int:
+    from argosy.sim.profile import model_shape, roofline_profile
+
+    try:
+        if (args.model is None) == (args.gpu is None):
+            raise ValueError("give --model PATH (measure this device) or --gpu NAME --model-config M (roofline)")
+        if args.gpu is not None:
+            if args.model_config is None:
+                raise ValueError("--gpu needs --model-config (a catalogue model, checkpoint folder or config.json)")
+            prof = roofline_profile(args.gpu, model_shape(args.model_config), args.tp, _roofline_settings(args))
+        else:
+            from argosy.sim.measure import measure_profile
+
+            prof = measure_profile(args.model, max_num_seqs=args.max_num_seqs, token_budget=args.max_num_batched_tokens,
+                                   kv_cache_memory_gib=args.kv_cache_memory, log=_log)
+    except (ValueError, FileNotFoundError) as e:
+        return _fail("profile", e)
+    prof.save(args.output)
+    print(f"{prof.name}: step = {prof.base_s * 1e3:.3f} ms + {prof.combine}(compute, memory); "
+          f"KV {prof.num_blocks} blocks of {prof.block_size} tokens; cold start {prof.cold_start_s:.1f} s "
+          f"-> {args.output}")
+    return 0
+
+
+# ---------------------------------------------------------------------------- sim and plan: common inputs
+
+def _add_common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", help="fleet file (default: all defaults)")
+    p.add_argument("--traffic", required=True, help="traffic file (docs/sim.md)")
+    p.add_argument("--name", help="the model to simulate (default: the fleet file's first)")
+    p.add_argument("--slo-ttft", "--slo-ttft-p99", type=seconds, default=2.0, help="TTFT SLO (2s)")
+    p.add_argument("--slo-tpot", "--slo-tpot-p99", type=seconds, default=0.1, help="TPOT SLO (100ms)")
+    p.add_argument("--attainment", type=float, default=0.9, help="share of requests meeting both SLOs (0.9)")
+    p.add_argument("--prices", help="price book (default: the cost package's)")
+    p.add_argument("--price-tier", default="on_demand", help="on_demand | reserved | spot")
+    p.add_argument("--provider", help="cloud provider in the price book")
+    p.add_argument("--output", "-o", help="result JSON")
+    p.add_argument("--html", help="self-contained HTML report with plots")
+
+
+def _inputs(args):
+    from argosy.config import ModelConfig, load_fleet
+    from argosy.sim.results import SLO
+    from argosy.sim.traffic import load_traffic
+
+    fleet = load_fleet(args.config) if args.config else None
+    models = fleet.models if fleet else []
+    if args.name:
+        match = [m for m in models if m.name == args.name]
+        if not match:
+            raise ValueError(f"no model {args.name!r} in {args.config} ({', '.join(m.name for m in models) or 'none'})")
+        model = match[0]
+    else:
+        model = models[0] if models else ModelConfig(name="default")
+    if not 0 < args.attainment <= 1:
+        raise ValueError("--attainment must be in (0, 1]")
+    return model, load_traffic(args.traffic), SLO(args.slo_ttft, args.slo_tpot, None, args.attainment)
+
+
+def _write(args, res: dict, text: str, kind: str, title: str) -> None:
+    print(text)
+    if args.output:
+        with open(args.output, "w") as f:
+            json.dump(res, f, indent=1)
+        print(f"result JSON -> {args.output}")
+    if args.html:
+        from argosy.sim.report import write_html
+
+        write_html(args.html, title, text, res, kind)
+        print(f"HTML report -> {args.html}")
+
+
+# ---------------------------------------------------------------------------- sim
+
+def add_sim_arguments(p: argparse.ArgumentParser) -> None:
+    _add_common(p)
+    p.add_argument("--profile", help="a profile JSON from `argosy profile`")
+    p.add_argument("--gpu", help="or a roofline profile for this accelerator (with --model-config)")
+    p.add_argument("--tp", type=int, default=1)
+    p.add_argument("--replicas", type=int, help="fixed replicas per region (default: the autoscaler decides)")
+    p.add_argument("--week", action="store_true", help="plan a week from its distinct hourly load levels")
+    p.add_argument("--level-duration", type=seconds, default=120.0, help="--week: seconds simulated per level (120)")
+    p.add_argument("--level-step", type=float, default=0.05, help="--week: levels rounded to this share of the peak")
+    _add_roofline(p)
+
+
+def _profile(args):
+    from argosy.sim.profile import load_profile, model_shape, roofline_profile
+
+    if (args.profile is None) == (args.gpu is None):
+        raise ValueError("give --profile FILE or --gpu NAME --model-config M")
+    if args.profile:
+        return load_profile(args.profile)
+    if args.model_config is None:
+        raise ValueError("--gpu needs --model-config (a catalogue model, checkpoint folder or config.json)")
+    return roofline_profile(args.gpu, model_shape(args.model_config), args.tp, _roofline_settings(args))
+
+
+def run_sim(args: argparse.Namespace) -> int:
+    from argosy.sim.fleet import FleetSim, SimSettings
+    from argosy.sim.results import gpu_prices, render_text, summarize
+    from argosy.sim.traffic import make_requests
+    from argosy.sim.week import plan_week
+
+    try:
+        model, spec, slo = _inputs(args)
+        profile = _profile(args)
+        if args.replicas is not None and args.replicas < 1:
+            raise ValueError("--replicas must be at least 1")
+    except (ValueError, FileNotFoundError) as e:
+        return _fail("sim", e)
+    prices = gpu_prices([profile.gpu], args.price_tier, args.provider, args.prices)
+    settings = SimSettings(replicas=args.replicas, sample_s=max(1.0, spec.duration_s / 2000))
+    t0 = time.perf_counter()
+    if args.week:
+        res = plan_week(model, profile, spec, slo, settings=settings, level_s=args.level_duration,
+                        level_step=args.level_step, progress=_log)
+        res["cost"] = ({"usd": round(sum(h * prices[g] for g, h in res["gpu_hours"].items()), 2)}
+                       if prices else None)
+        text = (f"week: {res['hours']} hours from {len(res['levels'])} levels; attainment {res['attainment']:.3f}; "
+                f"p99 TTFT (hour-weighted) {(res['ttft_s']['p99'] or 0) * 1000:.0f} ms; GPU-hours "
+                + ", ".join(f"{g} {h:.1f} h" for g, h in res["gpu_hours"].items())
+                + (f"; cost ${res['cost']['usd']:.2f}" if res["cost"] else "")
+                + f"\n(wall time {time.perf_counter() - t0:.1f} s)")
+        _write(args, res, text, "week", "argosy sim --week")
+        return 0
+    reqs = make_requests(spec)
+    _log(f"simulating {len(reqs)} requests over {spec.duration_s:g} s on {profile.name}")
+
+    def progress(now: float, i: int, n: int) -> None:
+        _log(f"  {now:.0f}/{spec.duration_s:g} s simulated, {i}/{n} requests, "
+             f"{now / (time.perf_counter() - t0):.1f}x real time")
+
+    sim = FleetSim(model, profile, spec, reqs, settings)
+    sim.run(progress)
+    res = summarize(sim, slo, prices=prices)
+    wall = time.perf_counter() - t0
+    res["wall_s"] = wall
+    text = render_text(res) + f"\n(wall time {wall:.1f} s: {spec.duration_s / wall:.1f}x real time)"
+    _write(args, res, text, "run", "argosy sim")
+    return 0
+
+
+# ---------------------------------------------------------------------------- plan
+
+def add_plan_arguments(p: argparse.ArgumentParser) -> None:
+    _add_common(p)
+    p.add_argument("--gpus", type=_csv(str), default=("H100",), help="accelerators to try (H100,A100,...)")
+    p.add_argument("--tp", type=_csv(int), default=(1,), help="TP sizes to try (1,2)")
+    p.add_argument("--max-num-seqs", type=_csv(int), default=(256,), help="batch limits to try (128,256)")
+    p.add_argument("--policies", type=_csv(str), default=("least_load",), help="routing policies to try")
+    p.add_argument("--max-replicas", type=int, default=64, help="per region (64)")
+    _add_roofline(p)
+
+
+def run_plan(args: argparse.Namespace) -> int:
+    from argosy.sim.plan import PlanSpace, render_plan, search
+    from argosy.sim.profile import model_shape
+    from argosy.sim.results import gpu_prices
+    from argosy.sim.traffic import make_requests
+
+    try:
+        model, spec, slo = _inputs(args)
+        if args.model_config is None:
+            raise ValueError("plan needs --model-config (a catalogue model, checkpoint folder or config.json)")
+        shape = model_shape(args.model_config)
+        bad = [x for x in args.policies if x not in ("round_robin", "least_load", "prefix", "session")]
+        if bad:
+            raise ValueError(f"unknown routing policy {bad[0]!r}: round_robin, least_load, prefix or session")
+        space = PlanSpace(tuple(args.gpus), tuple(args.tp), tuple(args.max_num_seqs), tuple(args.policies),
+                          args.max_replicas)
+        settings = _roofline_settings(args)
+    except (ValueError, FileNotFoundError) as e:
+        return _fail("plan", e)
+
+    def price(gpu: str) -> float | None:
+        got = gpu_prices([gpu], args.price_tier, args.provider, args.prices)
+        return got[gpu] if got else None
+
+    reqs = make_requests(spec)
+    _log(f"planning for {len(reqs)} requests over {spec.duration_s:g} s")
+    res = search(model, shape, spec, reqs, slo, space, settings, price, progress=_log)
+    _write(args, res, render_plan(res), "plan", "argosy plan")
+    return 0

@@ -1,0 +1,311 @@
+"""The discrete-event simulation of one model's fleet across regions.
+
+Each region runs the gateway's real Router (with its prefix index) over simulated replicas, and the
+fleet's real Autoscaler (unless the replica count is fixed). A region that fails loses its replicas;
+its traffic goes to the live regions with `failover_rtt_s` added. A request on a failed replica is
+retried elsewhere if it has no token yet (the gateway retries before the first byte), else it fails.
+Time is simulated: the router's prefix index and the autoscaler read the simulation's clock.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from dataclasses import dataclass
+
+from argosy.config import ModelConfig
+from argosy.fleet.autoscaler import Autoscaler, Observation
+from argosy.gateway.health import Upstream
+from argosy.gateway.prefix_index import PrefixIndex
+from argosy.gateway.router import Router, RouteRequest
+from argosy.sim.profile import StepProfile
+from argosy.sim.replica import SimReplica, SimRequest
+from argosy.sim.traffic import Requests, TrafficSpec
+
+STEP, READY, TICK, FAIL, RECOVER, SAMPLE = range(6)
+
+
+@dataclass(frozen=True)
+class SimSettings:
+    replicas: int | None = None  # fixed replicas per region; None: the autoscaler decides
+    sample_s: float = 1.0  # timeline resolution
+    drain_limit_s: float = 600.0  # after the last arrival, stop simulating in-flight requests after this
+    initial_replicas: tuple[tuple[str, int], ...] = ()  # (region, ready replicas at t=0) with the autoscaler
+
+
+class Region:
+    def __init__(self, idx: int, name: str, model: ModelConfig, clock):
+        self.idx, self.name = idx, name
+        r = model.routing
+        self.router = Router(r, model.length_classes, PrefixIndex(r.prefix_max_blocks, r.prefix_ttl_s, clock))
+        self.scaler: Autoscaler | None = None
+        self.replicas: list[SimReplica] = []  # starting, ready and draining
+        self.upstreams: dict[str, Upstream] = {}
+        self.pending: list[SimRequest] = []  # held while no replica is ready (scale from zero, cold start)
+        self.down = False
+        self.finished_since_tick = 0
+
+    def routable(self) -> list[SimReplica]:
+        return [r for r in self.replicas if r.name in self.upstreams]
+
+
+class FleetSim:
+    def __init__(self, model: ModelConfig, profile: StepProfile, spec: TrafficSpec, requests: Requests,
+                 settings: SimSettings = SimSettings()):
+        self.model, self.profile, self.spec, self.reqs, self.s = model, profile, spec, requests, settings
+        self.now = 0.0
+        self.events: list = []
+        self.counter = itertools.count()
+        self.regions = [Region(i, r.name, model, lambda: self.now) for i, r in enumerate(spec.regions)]
+        self.all_replicas: list[SimReplica] = []
+        self.done: list[SimRequest] = []
+        self.failed: list[SimRequest] = []
+        self.timeline: list[dict] = []
+        self.decisions: list[dict] = []
+        self.rr = 0
+        sp = spec.shared_prefix
+        self.prefix_tokens = {g: [10_000_000 + g] * sp.tokens for g in range(sp.groups)} if sp else {}
+        self.prefix_text = {g: (f"[shared prefix {g}] " * sp.tokens)[:4 * sp.tokens] for g in range(sp.groups)} \
+            if sp else {}
+        self.uses_text = model.routing.policy == "prefix"
+        self.ids = itertools.count()
+        self.by_name: dict[str, SimReplica] = {}
+
+    # ------------------------------------------------------------------ events
+
+    def push(self, t: float, kind: int, obj=None, version: int = 0) -> None:
+        heapq.heappush(self.events, (t, next(self.counter), kind, obj, version))
+
+    def start_replica(self, region: Region, now: float, cold: bool = True) -> SimReplica:
+        e = self.model.engine
+        ready = now + (self.profile.cold_start_s if cold else 0.0)
+        rep = SimReplica(f"{region.name}-{next(self.ids)}", region.idx, self.profile, e.max_num_seqs,
+                         e.max_num_batched_tokens, now, ready, self.prefix_tokens)
+        region.replicas.append(rep)
+        self.all_replicas.append(rep)
+        self.by_name[rep.name] = rep
+        if cold:
+            self.push(ready, READY, rep)
+        else:
+            self.make_ready(rep)
+        return rep
+
+    def make_ready(self, rep: SimReplica) -> None:
+        region = self.regions[rep.region]
+        if rep.stopped_s is not None or region.down:
+            return
+        region.upstreams[rep.name] = Upstream(rep.name)
+        region.router.set_upstreams(list(region.upstreams.values()))
+        held, region.pending = region.pending, []
+        for req in held:
+            self.route(req, region)
+
+    def stop_replica(self, rep: SimReplica) -> None:
+        region = self.regions[rep.region]
+        rep.stopped_s = self.now
+        region.replicas.remove(rep)
+        if region.upstreams.pop(rep.name, None) is not None:
+            region.router.set_upstreams(list(region.upstreams.values()))
+        if not rep.requests:
+            rep.release()
+
+    # ------------------------------------------------------------------ requests
+
+    def arrive(self, req: SimRequest) -> None:
+        region = self.regions[req.region]
+        if region.down:
+            live = [r for r in self.regions if not r.down]
+            if not live:
+                req.failed = True
+                self.failed.append(req)
+                return
+            self.rr += 1
+            region = live[self.rr % len(live)]
+            req.extra_latency_s = self.spec.failover_rtt_s
+        self.route(req, region)
+
+    def route_tokens(self, req: SimRequest) -> int:
+        return req.prompt_tokens + len(self.prefix_tokens.get(req.prefix_group, ()))
+
+    def route(self, req: SimRequest, region: Region) -> None:
+        text = ""
+        if self.uses_text:
+            text = self.prefix_text.get(req.prefix_group, "") + f"#{req.rid}".ljust(64)
+        tokens = self.route_tokens(req)
+        up = region.router.choose(RouteRequest(text, tokens))
+        if up is None:
+            region.pending.append(req)
+            return
+        up.on_start(tokens)
+        rep = self.by_name[up.url]
+        req.replica = rep.name
+        rep.add(req, self.now)
+        if rep.busy:
+            end = rep.cut_run(self.now)
+            if end is not None:
+                self.push(end, STEP, rep, rep.version)
+        else:
+            end = rep.start_step(self.now)
+            if end is not None:
+                self.push(end, STEP, rep, rep.version)
+
+    def on_step(self, rep: SimReplica) -> None:
+        region = self.regions[rep.region]
+        for req in rep.finish_step(self.now):
+            up = region.upstreams.get(rep.name)
+            if up is not None:
+                up.on_end(self.route_tokens(req))
+            region.finished_since_tick += 1
+            self.done.append(req)
+        end = rep.start_step(self.now)
+        if end is not None:
+            self.push(end, STEP, rep, rep.version)
+        elif rep.draining and not rep.requests:
+            self.stop_replica(rep)
+
+    # ------------------------------------------------------------------ scaling and failures
+
+    def on_tick(self, region: Region) -> None:
+        if region.down:
+            return
+        ready = region.routable()
+        starting = [r for r in region.replicas if r.name not in region.upstreams and not r.draining]
+        waiting = sum(len(r.sched.waiting) for r in ready) + len(region.pending)
+        for r in ready:  # what the gateway scrapes every health interval
+            up = region.upstreams[r.name]
+            up.waiting, up.kv_usage = float(len(r.sched.waiting)), r.kv.usage
+        if region.scaler is None:
+            return
+        tick = self.model.autoscaling.tick_s
+        obs = Observation(concurrency=float(sum(r.num_in_system for r in ready) + len(region.pending)),
+                          rps=region.finished_since_tick / tick, queue=float(waiting),
+                          kv_cache=sum(r.kv.usage for r in ready) / len(ready) if ready else 0.0)
+        region.finished_since_tick = 0
+        region.scaler.observe(obs, len(ready))
+        d = region.scaler.decide(len(ready), len(ready) + len(starting))
+        if d.direction != "hold":
+            self.decisions.append({"t": round(self.now, 3), "region": region.name, "desired": d.desired,
+                                   "ready": d.ready, "reason": d.reason})
+        for _ in range(d.desired - len(ready) - len(starting)):
+            self.start_replica(region, self.now)
+        excess = len(ready) + len(starting) - d.desired
+        for rep in sorted(starting, key=lambda r: -r.started_s)[:max(excess, 0)]:
+            self.stop_replica(rep)  # a replica still starting is cancelled first
+            excess -= 1
+        for rep in sorted(ready, key=lambda r: -r.started_s)[:max(excess, 0)]:
+            rep.draining = True  # out of the routing set; stops once its requests are done
+            region.upstreams.pop(rep.name)
+            region.router.set_upstreams(list(region.upstreams.values()))
+            if not rep.requests:
+                self.stop_replica(rep)
+
+    def lose(self, rep: SimReplica) -> None:
+        """A replica dies: requests without a token yet are retried, the others fail."""
+        region = self.regions[rep.region]
+        reqs = rep.fail()
+        self.stop_replica(rep)
+        for req in reqs:
+            up = region.upstreams.get(rep.name)
+            if up is not None:
+                up.on_end(self.route_tokens(req))
+            if req.first_token_s is None:
+                self.arrive(req)
+            else:
+                req.failed = True
+                self.failed.append(req)
+
+    def on_fail(self, f) -> None:
+        region = next(r for r in self.regions if r.name == f.region)
+        if f.replica is None:
+            region.down = True
+            for rep in list(region.replicas):
+                self.lose(rep)
+            held, region.pending = region.pending, []
+            for req in held:
+                self.arrive(req)
+        else:
+            reps = sorted(region.routable(), key=lambda r: r.started_s)
+            if f.replica < len(reps):
+                self.lose(reps[f.replica])
+        self.push(self.now + f.duration_s, RECOVER, f)
+
+    def on_recover(self, f) -> None:
+        region = next(r for r in self.regions if r.name == f.region)
+        if f.replica is None:
+            region.down = False
+            want = self.s.replicas if self.s.replicas is not None else max(self.model.autoscaling.min_replicas, 1)
+            for _ in range(want):
+                self.start_replica(region, self.now)
+        elif region.scaler is None:
+            self.start_replica(region, self.now)  # fixed fleets restart it; the autoscaler replaces it itself
+
+    def sample(self) -> None:
+        row = {"t": round(self.now, 3), "replicas": {}, "queue": 0, "running": 0}
+        for region in self.regions:
+            ready = region.routable()
+            row["replicas"][region.name] = len(ready)
+            row["queue"] += sum(len(r.sched.waiting) for r in ready) + len(region.pending)
+            row["running"] += sum(len(r.sched.running) for r in ready)
+        row["starting"] = sum(1 for r in self.all_replicas if r.stopped_s is None and r.now_starting(self.now))
+        self.timeline.append(row)
+
+    # ------------------------------------------------------------------ the loop
+
+    def run(self, progress=None) -> None:
+        a = self.model.autoscaling
+        for region in self.regions:
+            if self.s.replicas is None:
+                region.scaler = Autoscaler(a, lambda: self.now)
+                n = dict(self.s.initial_replicas).get(region.name, max(a.min_replicas, 1))
+            else:
+                n = self.s.replicas
+            for _ in range(n):
+                self.start_replica(region, 0.0, cold=False)  # the fleet is up when the run starts
+            self.push(a.tick_s, TICK, region)
+        for f in self.spec.failures:
+            self.push(f.at_s, FAIL, f)
+        self.push(0.0, SAMPLE)
+        duration, rq = self.spec.duration_s, self.reqs
+        n, i = len(rq), 0
+        end_by = duration + self.s.drain_limit_s
+        events = self.events
+        while True:
+            t_next = events[0][0] if events else float("inf")
+            if i < n and rq.arrival_s[i] <= t_next:
+                self.now = rq.arrival_s[i]
+                self.arrive(SimRequest(i, rq.arrival_s[i], rq.region[i], rq.prompt_tokens[i], rq.output_tokens[i],
+                                       rq.prefix_group[i]))
+                i += 1
+                if progress is not None and i % 5000 == 0:
+                    progress(self.now, i, n)
+                continue
+            if not events or t_next > end_by:
+                break
+            t, _, kind, obj, version = heapq.heappop(events)
+            self.now = t
+            if kind == STEP:
+                if version == obj.version and obj.stopped_s is None:
+                    self.on_step(obj)
+            elif kind == READY:
+                self.make_ready(obj)
+            elif kind in (TICK, SAMPLE):
+                if t > duration and not any(r.requests for r in self.all_replicas if r.stopped_s is None):
+                    continue  # arrivals are over and everything finished: let the loop end
+                if kind == TICK:
+                    self.on_tick(obj)
+                    self.push(t + a.tick_s, TICK, obj)
+                else:
+                    self.sample()
+                    self.push(t + self.s.sample_s, SAMPLE)
+            elif kind == FAIL:
+                self.on_fail(obj)
+            elif kind == RECOVER:
+                self.on_recover(obj)
+        for region in self.regions:  # what never got a replica (e.g. every region down) failed
+            for req in region.pending:
+                req.failed = True
+                self.failed.append(req)
+            region.pending = []
+        for rep in self.all_replicas:
+            if rep.stopped_s is None and not rep.requests:
+                rep.release()

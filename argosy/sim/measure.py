@@ -1,0 +1,126 @@
+"""`argosy profile --model PATH`: time the real engine's steps on this device and fit a StepProfile.
+
+Three sweeps, each step timed around LLMEngine.step(): prefills of P tokens alone, decode steps of B
+sequences at two context lengths (so the KV term separates from the batch term), and mixed steps (a
+prefill chunk beside decodes). A least-squares fit, with coefficients kept >= 0, gives
+step = base + a * prefill_tokens + b * decode_seqs + c * kv_tokens. Cold start is the time to load the
+engine and run its first step, in this process (a replica's process start and imports come on top).
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+import statistics
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from argosy.engine.config import EngineConfig
+from argosy.engine.llm_engine import LLMEngine
+from argosy.engine.sampling_params import SamplingParams
+from argosy.sim.profile import StepProfile
+
+Obs = tuple[int, int, int, float]  # prefill tokens, decode sequences, KV tokens read, seconds
+
+
+class _Prober:
+    def __init__(self, engine: LLMEngine, seed: int = 0):
+        self.engine, self.rng, self.ids = engine, random.Random(seed), itertools.count()
+        self.vocab = engine.vocab_size
+
+    def prompt(self, n: int) -> list[int]:
+        return [self.rng.randrange(self.vocab) for _ in range(n)]  # random: no prefix-cache hits
+
+    def add(self, n_prompt: int, max_tokens: int) -> str:
+        rid = f"p{next(self.ids)}"
+        self.engine.add_request(rid, self.prompt(n_prompt), SamplingParams(max_tokens=max_tokens, ignore_eos=True))
+        return rid
+
+    def timed_step(self) -> float:
+        t = time.perf_counter()
+        self.engine.step()
+        return time.perf_counter() - t
+
+    def clear(self) -> None:
+        for rid in list(self.engine.requests):
+            self.engine.abort_request(rid)
+
+
+def _fit(obs: list[Obs]) -> tuple[list[float], float]:
+    """Non-negative least squares (on relative errors) by dropping negative coefficients; returns coefficients and the
+    mean relative error of the fit."""
+    x = np.array([[1.0, p, d, kv] for p, d, kv, _ in obs])
+    y = np.array([t for *_, t in obs])
+    w = 1.0 / y  # relative errors: a 5 ms decode step counts as much as a 100 ms prefill
+    active = [0, 1, 2, 3]
+    while True:
+        coef, *_ = np.linalg.lstsq(x[:, active] * w[:, None], y * w, rcond=None)
+        if (coef >= 0).all():
+            break
+        active.pop(int(np.argmin(coef)))
+    full = [0.0] * 4
+    for i, c in zip(active, coef, strict=True):
+        full[i] = float(c)
+    err = float(np.mean(np.abs(x @ np.array(full) - y) / y))
+    return full, err
+
+
+def measure_profile(model: str, *, max_num_seqs: int = 64, token_budget: int = 512, kv_cache_memory_gib: float = 0.5,
+                    repeats: int = 3, log: Callable[[str], None] = print) -> StepProfile:
+    t0 = time.perf_counter()
+    cfg = EngineConfig(model=model, device="cpu", max_num_seqs=max_num_seqs, max_num_batched_tokens=token_budget,
+                       kv_cache_memory_gib=kv_cache_memory_gib)
+    engine = LLMEngine(cfg)
+    probe = _Prober(engine)
+    probe.add(8, 1)
+    while engine.has_unfinished_requests():
+        engine.step()
+    cold_start = time.perf_counter() - t0
+    log(f"cold start (load + first step): {cold_start:.2f} s")
+    obs: list[Obs] = []
+    prefill_sizes = sorted({s for s in (16, 64, 128, 256, token_budget // 2, token_budget) if s <= token_budget})
+    for p in prefill_sizes:
+        times = []
+        for _ in range(repeats):
+            probe.add(p, 1)
+            times.append(probe.timed_step())
+            probe.clear()
+        obs.append((p, 0, p, statistics.median(times)))
+    log(f"prefill sweep: {len(prefill_sizes)} sizes up to {token_budget} tokens")
+    batches = sorted({b for b in (1, 2, 4, 8, 16, 32, 64, 128) if b <= max_num_seqs})
+    for ctx in (32, 256):
+        for b in batches:
+            for _ in range(b):
+                probe.add(ctx, 512)
+            while any(s.num_output_tokens == 0 for s in engine.scheduler.running) or len(engine.scheduler.waiting):
+                engine.step()
+            for k in range(repeats + 1):
+                kv = sum(s.num_tokens for s in engine.scheduler.running)
+                t = probe.timed_step()
+                if k:  # the first decode step after the prefills is a warm-up
+                    obs.append((0, b, kv, t))
+            probe.clear()
+        log(f"decode sweep at {ctx} tokens of context: batches {batches[0]}..{batches[-1]}")
+    for b in batches[: max(1, len(batches) - 1)]:
+        chunk = max(16, token_budget - b)
+        for _ in range(b):
+            probe.add(32, 512)
+        while any(s.num_output_tokens == 0 for s in engine.scheduler.running) or len(engine.scheduler.waiting):
+            engine.step()
+        probe.add(chunk, 1)
+        kv = sum(s.num_tokens for s in engine.scheduler.running) + chunk
+        obs.append((chunk, b, kv, probe.timed_step()))
+        probe.clear()
+    log(f"mixed steps: {len(batches) - 1} batches with a prefill chunk")
+    (base, per_tok, per_seq, per_kv), err = _fit(obs)
+    log(f"fit: step = {base * 1e3:.3f} ms + {per_tok * 1e6:.2f} us/prefill token + {per_seq * 1e6:.1f} "
+        f"us/decode seq + {per_kv * 1e9:.2f} ns/KV token (mean error {err * 100:.1f}%)")
+    engine.close()
+    return StepProfile(
+        name=f"{model} on this CPU (measured)", gpu="cpu", source="measured", combine="sum", base_s=base,
+        per_prefill_token_s=per_tok, per_decode_seq_s=per_seq, mem_base_s=0.0, per_kv_token_s=per_kv,
+        num_blocks=engine.kv.num_blocks, block_size=cfg.block_size, cold_start_s=cold_start,
+        notes={"max_num_seqs": max_num_seqs, "token_budget": token_budget, "fit_mean_rel_error": err,
+               "observations": [list(o) for o in obs]})

@@ -1,0 +1,166 @@
+"""A performance profile: one replica's step time as a function of what the step computes.
+
+    compute = per_prefill_token_s * prefill_tokens + per_decode_seq_s * decode_seqs
+    memory  = mem_base_s + per_kv_token_s * kv_tokens        (kv_tokens: context read by the step)
+    step    = base_s + (compute + memory)   when measured (a least-squares fit of real steps)
+    step    = base_s + max(compute, memory)  for a roofline (compute- or memory-bound, whichever is slower)
+
+A profile also carries what the simulator needs besides step times: the KV capacity in blocks, the
+block size, the cold-start time, the GPU type and how many GPUs one replica takes (TP).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import yaml
+
+CATALOGUE = Path(__file__).parent / "catalogue.yaml"
+
+
+@dataclass(frozen=True)
+class StepProfile:
+    name: str
+    gpu: str  # price-book key: H100, A100, ... or "cpu"
+    source: str  # measured | roofline
+    combine: str  # sum | max (see the module docstring)
+    base_s: float
+    per_prefill_token_s: float
+    per_decode_seq_s: float
+    mem_base_s: float
+    per_kv_token_s: float
+    num_blocks: int  # KV capacity of one replica
+    block_size: int = 16
+    cold_start_s: float = 30.0  # from start request to ready
+    gpus_per_replica: int = 1  # tensor parallel size
+    notes: dict = field(default_factory=dict, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.combine not in ("sum", "max"):
+            raise ValueError(f"combine must be sum or max, got {self.combine!r}")
+        if self.num_blocks < 1 or self.block_size < 1:
+            raise ValueError("num_blocks and block_size must be at least 1")
+        coefs = (self.base_s, self.per_prefill_token_s, self.per_decode_seq_s, self.mem_base_s, self.per_kv_token_s)
+        if min(coefs) < 0 or not all(math.isfinite(c) for c in coefs):
+            raise ValueError("step-time coefficients must be finite and >= 0")
+
+    def compute_s(self, prefill_tokens: int, decode_seqs: int) -> float:
+        return self.per_prefill_token_s * prefill_tokens + self.per_decode_seq_s * decode_seqs
+
+    def memory_s(self, kv_tokens: int) -> float:
+        return self.mem_base_s + self.per_kv_token_s * kv_tokens
+
+    def step_s(self, prefill_tokens: int, decode_seqs: int, kv_tokens: int) -> float:
+        c, m = self.compute_s(prefill_tokens, decode_seqs), self.memory_s(kv_tokens)
+        return self.base_s + (c + m if self.combine == "sum" else max(c, m))
+
+    def decode_run_s(self, batch: int, kv_tokens: int, steps: int) -> list[float]:
+        """Step times of `steps` decode steps of `batch` sequences, each step reading `batch` more KV tokens."""
+        c = self.compute_s(0, batch)
+        out, kv = [], kv_tokens
+        for _ in range(steps):
+            m = self.memory_s(kv)
+            out.append(self.base_s + (c + m if self.combine == "sum" else max(c, m)))
+            kv += batch
+        return out
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(asdict(self), indent=2) + "\n")
+
+
+def load_profile(path: str | Path) -> StepProfile:
+    p = Path(path)
+    try:
+        data = json.loads(p.read_text())
+        return StepProfile(**data)
+    except OSError as e:
+        raise ValueError(f"{p}: cannot read the profile ({e.strerror or e})") from None
+    except (json.JSONDecodeError, TypeError, ValueError) as e:
+        raise ValueError(f"{p}: not a valid profile: {e}") from None
+
+
+def load_catalogue() -> dict:
+    return yaml.safe_load(CATALOGUE.read_text())
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What a roofline needs of a model: its parameter count and the KV bytes of one token."""
+
+    name: str
+    params: float
+    num_layers: int
+    kv_bytes_per_token_per_byte: int  # 2 (K and V) * layers * kv_heads * head_dim: times the dtype's bytes
+
+    @classmethod
+    def from_config(cls, name: str, c: dict) -> ModelShape:
+        h, inter, layers = c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"]
+        heads = c["num_attention_heads"]
+        kv_heads = c.get("num_key_value_heads") or heads
+        head_dim = c.get("head_dim") or h // heads
+        attn = h * heads * head_dim * 2 + h * kv_heads * head_dim * 2  # q and o; k and v
+        mlp = 3 * h * inter  # gate, up, down
+        embed = c["vocab_size"] * h * (1 if c.get("tie_word_embeddings") else 2)
+        params = layers * (attn + mlp + 2 * h) + embed + h
+        return cls(name, float(params), layers, 2 * layers * kv_heads * head_dim)
+
+
+def model_shape(spec: str) -> ModelShape:
+    """A catalogue name (llama-3.1-8b), a checkpoint folder, or a config.json path."""
+    presets = load_catalogue()["models"]
+    if spec in presets:
+        return ModelShape.from_config(spec, presets[spec])
+    p = Path(spec)
+    if p.is_dir():
+        p = p / "config.json"
+    try:
+        return ModelShape.from_config(spec, json.loads(p.read_text()))
+    except OSError:
+        raise ValueError(f"model config {spec!r}: not a catalogue model ({', '.join(presets)}) "
+                         "nor a readable checkpoint folder or config.json") from None
+    except (KeyError, json.JSONDecodeError) as e:
+        raise ValueError(f"{p}: not a model config.json ({e})") from None
+
+
+@dataclass(frozen=True)
+class RooflineSettings:
+    compute_efficiency: float = 0.5  # share of the datasheet FLOP/s a real step reaches (MFU)
+    memory_efficiency: float = 0.7  # share of the datasheet bandwidth reached
+    dtype: str = "bf16"  # bf16 | fp8: weights, KV and matmul rate
+    step_overhead_s: float = 0.003  # per step: scheduling, launch, sampling
+    tp_overhead_s: float = 0.0005  # per step and per extra TP rank: all-reduces
+    gpu_memory_utilization: float = 0.9
+    cold_start_s: float = 60.0  # container start + weight load + warm-up
+    block_size: int = 16
+
+
+def roofline_profile(gpu: str, shape: ModelShape, tp: int = 1, s: RooflineSettings = RooflineSettings()) -> StepProfile:
+    acc = load_catalogue()["accelerators"]
+    if gpu not in acc:
+        raise ValueError(f"unknown accelerator {gpu!r}: one of {', '.join(acc)} (argosy/sim/catalogue.yaml)")
+    a = acc[gpu]
+    if s.dtype not in ("bf16", "fp8"):
+        raise ValueError(f"dtype must be bf16 or fp8, got {s.dtype!r}")
+    tflops = a["fp8_tflops"] if s.dtype == "fp8" else a["bf16_tflops"]
+    if tflops is None:
+        raise ValueError(f"{gpu} has no {s.dtype} rate in the catalogue")
+    nbytes = 1 if s.dtype == "fp8" else 2
+    flops = tflops * 1e12 * s.compute_efficiency * tp
+    bandwidth = a["bandwidth_gbs"] * 1e9 * s.memory_efficiency * tp
+    weight_bytes = shape.params * nbytes
+    kv_bytes = shape.kv_bytes_per_token_per_byte * nbytes
+    free = a["memory_gib"] * 2**30 * s.gpu_memory_utilization * tp - weight_bytes
+    num_blocks = int(free // (kv_bytes * s.block_size))
+    if num_blocks < 1:
+        raise ValueError(f"{shape.name} ({weight_bytes / 2**30:.1f} GiB of weights) does not fit on "
+                         f"{tp} x {gpu} ({a['memory_gib']} GiB each): raise the TP size")
+    per_token = 2 * shape.params / flops  # one forward pass: 2 FLOPs per parameter per token
+    return StepProfile(
+        name=f"{shape.name} on {tp}x {gpu} ({s.dtype}, roofline)", gpu=gpu, source="roofline", combine="max",
+        base_s=s.step_overhead_s + s.tp_overhead_s * (tp - 1), per_prefill_token_s=per_token,
+        per_decode_seq_s=per_token, mem_base_s=weight_bytes / bandwidth, per_kv_token_s=kv_bytes / bandwidth,
+        num_blocks=num_blocks, block_size=s.block_size, cold_start_s=s.cold_start_s, gpus_per_replica=tp,
+        notes={"accelerator": a, "settings": asdict(s), "params": shape.params, "kv_bytes_per_token": kv_bytes})

@@ -1,0 +1,144 @@
+"""The figures of one simulated run: latency percentiles, SLO attainment, goodput, GPU-hours and cost.
+
+The result JSON's top-level keys `duration_s`, `gpu_hours`, `input_tokens`, `output_tokens` and
+`token_time_split` are what `argosy cost --sim result.json` reads; keep them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from argosy.sim.fleet import FleetSim
+
+PERCENTILES = (50, 90, 95, 99)
+
+
+@dataclass(frozen=True)
+class SLO:
+    ttft_s: float | None = None
+    tpot_s: float | None = None
+    e2e_s: float | None = None
+    attainment: float = 0.9  # share of requests that must meet every SLO
+
+    def met(self, ttft: np.ndarray, tpot: np.ndarray, e2e: np.ndarray) -> np.ndarray:
+        ok = np.ones(len(ttft), dtype=bool)
+        for limit, vals in ((self.ttft_s, ttft), (self.tpot_s, tpot), (self.e2e_s, e2e)):
+            if limit is not None:
+                ok &= vals <= limit
+        return ok
+
+
+def pct(values: np.ndarray, weights: np.ndarray | None = None) -> dict[str, float | None]:
+    if len(values) == 0:
+        return {f"p{p}": None for p in PERCENTILES} | {"mean": None}
+    if weights is None:
+        out = {f"p{p}": float(np.percentile(values, p)) for p in PERCENTILES}
+        return out | {"mean": float(values.mean())}
+    order = np.argsort(values)
+    v, w = values[order], np.cumsum(weights[order])
+    out = {f"p{p}": float(v[min(np.searchsorted(w, p / 100 * w[-1]), len(v) - 1)]) for p in PERCENTILES}
+    return out | {"mean": float((values * weights).sum() / weights.sum())}
+
+
+def gpu_prices(gpus: list[str], tier: str, provider: str | None, prices_path: str | None) -> dict[str, float] | None:
+    """$ per GPU-hour from the cost package's price book; None when it (or a GPU's price) is missing."""
+    try:
+        from argosy.cost.prices import load_prices
+    except ImportError:
+        return None
+    try:
+        book = load_prices(path=prices_path)
+        return {g: float(book.gpu_hour(g, tier=tier, provider=provider)) for g in gpus}
+    except (KeyError, ValueError, OSError):
+        return None
+
+
+def summarize(sim: FleetSim, slo: SLO, warmup_s: float = 0.0, prices: dict[str, float] | None = None) -> dict:
+    """The result dict. Requests arriving in the first `warmup_s` count for tokens and GPU time but not for
+    latency (a week level is measured in steady state)."""
+    duration = sim.spec.duration_s
+    done = [r for r in sim.done if r.arrival_s >= warmup_s]
+    failed = [r for r in sim.failed if r.arrival_s >= warmup_s]
+    arr = np.array([r.arrival_s for r in done])
+    first = np.array([r.first_token_s for r in done])
+    fin = np.array([r.finish_s for r in done])
+    extra = np.array([r.extra_latency_s for r in done])
+    outs = np.array([r.output_tokens for r in done])
+    ttft = first - arr + extra if len(done) else np.array([])
+    e2e = fin - arr + extra if len(done) else np.array([])
+    tpot = np.where(outs > 1, (fin - first) / np.maximum(outs - 1, 1), 0.0) if len(done) else np.array([])
+    itl = [x for rep in sim.all_replicas for x in rep.itl]
+    itl_v = np.array([g for g, _ in itl])
+    itl_w = np.array([w for _, w in itl], dtype=float)
+    met = slo.met(ttft, tpot, e2e)
+    total = len(done) + len(failed)
+    attainment = float(met.sum() / total) if total else 1.0
+    window = max(duration - warmup_s, 1e-9)
+    gpu_hours: dict[str, float] = {}
+    busy = prefill = 0.0
+    for rep in sim.all_replicas:
+        end = min(rep.stopped_s if rep.stopped_s is not None else duration, duration)
+        hours = max(end - rep.started_s, 0.0) * rep.profile.gpus_per_replica / 3600
+        gpu_hours[rep.profile.gpu] = gpu_hours.get(rep.profile.gpu, 0.0) + hours
+        busy += rep.busy_s
+        prefill += rep.prefill_s
+    all_done = sim.done
+    input_tokens = sum(r.prompt_tokens + len(sim.prefix_tokens.get(r.prefix_group, ())) for r in all_done)
+    output_tokens = sum(r.output_tokens for r in all_done)
+    cached = sum(r.cached_tokens for r in all_done)
+    split_in = prefill / busy if busy else 0.0
+    cost = None
+    if prices is not None:
+        cost = {"usd": round(sum(h * prices[g] for g, h in gpu_hours.items()), 4),
+                "usd_per_gpu_hour": prices}
+    tl = sim.timeline
+    return {
+        "duration_s": float(duration),
+        "gpu_hours": {g: round(h, 6) for g, h in gpu_hours.items()},
+        "input_tokens": int(input_tokens),
+        "output_tokens": int(output_tokens),
+        "token_time_split": {"input": round(split_in, 6), "output": round(1 - split_in, 6)},
+        "requests": {"completed": len(done), "failed": len(failed), "measured_from_s": warmup_s},
+        "ttft_s": pct(ttft), "tpot_s": pct(tpot), "itl_s": pct(itl_v, itl_w), "e2e_s": pct(e2e),
+        "slo": {"ttft_s": slo.ttft_s, "tpot_s": slo.tpot_s, "e2e_s": slo.e2e_s, "attainment_target": slo.attainment,
+                "attainment": round(attainment, 6), "met": attainment >= slo.attainment},
+        "throughput": {"requests_per_s": len(done) / window, "goodput_requests_per_s": float(met.sum()) / window,
+                       "output_tokens_per_s": float(outs.sum()) / window if len(done) else 0.0},
+        "prefix_cache_hit_rate": round(cached / input_tokens, 6) if input_tokens else 0.0,
+        "preemptions": int(sum(r.preemptions for r in all_done)),
+        "gpu_busy_share": round(busy / max(sum(gpu_hours.values()) * 3600, 1e-9)
+                                * sim.profile.gpus_per_replica, 6),
+        "queue_depth": pct(np.array([row["queue"] for row in tl], dtype=float)),
+        "max_replicas": max((sum(row["replicas"].values()) for row in tl), default=0),
+        "cost": cost,
+        "profile": sim.profile.name,
+        "timeline": tl,
+        "scaling_decisions": sim.decisions[-200:],
+    }
+
+
+def render_text(res: dict) -> str:
+    def ms(d: dict) -> str:
+        return "  ".join(f"{k} {v * 1000:.1f} ms" if v is not None else f"{k} -" for k, v in d.items())
+
+    slo = res["slo"]
+    lines = [
+        f"profile: {res['profile']}",
+        f"requests: {res['requests']['completed']} completed, {res['requests']['failed']} failed "
+        f"over {res['duration_s']:g} s",
+        f"TTFT  {ms(res['ttft_s'])}", f"TPOT  {ms(res['tpot_s'])}", f"ITL   {ms(res['itl_s'])}",
+        f"E2E   {ms(res['e2e_s'])}",
+        f"throughput: {res['throughput']['requests_per_s']:.2f} req/s, "
+        f"{res['throughput']['output_tokens_per_s']:.1f} output tokens/s; goodput "
+        f"{res['throughput']['goodput_requests_per_s']:.2f} req/s",
+        f"SLO attainment: {slo['attainment'] * 100:.1f}% (target {slo['attainment_target'] * 100:.0f}%): "
+        f"{'met' if slo['met'] else 'NOT met'}",
+        f"prefix-cache hit rate: {res['prefix_cache_hit_rate'] * 100:.1f}% of input tokens; "
+        f"preemptions: {res['preemptions']}; peak replicas: {res['max_replicas']}",
+        "GPU-hours: " + ", ".join(f"{g} {h:.3f} h" for g, h in res["gpu_hours"].items()),
+    ]
+    if res["cost"] is not None:
+        lines.append(f"cost: ${res['cost']['usd']:.2f}")
+    return "\n".join(lines)

@@ -1,0 +1,107 @@
+"""A week planned from its distinct hourly load levels, each simulated once, results weighted by hours.
+
+Each hour's mean rate (the traffic curve averaged over the hour) is rounded to a step of
+`level_step` x the peak; hours with the same rounded rate and the same failed regions share one
+simulation of `level_s` seconds at that constant rate (after `warmup_s` excluded from latencies).
+GPU-hours and tokens scale by the hours each level stands for; latency percentiles are the
+hour-weighted mean of the levels' percentiles, attainment the request-weighted mean.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from argosy.config import ModelConfig
+from argosy.sim.fleet import FleetSim, SimSettings
+from argosy.sim.profile import StepProfile
+from argosy.sim.results import SLO, summarize
+from argosy.sim.traffic import Failure, TrafficSpec, make_requests
+
+HOURS = 168
+
+
+@dataclass(frozen=True)
+class Level:
+    rate: float  # req/s, constant over the level's simulation
+    down: tuple[str, ...]  # failed regions
+    hours: list[int]  # which hours of the week it stands for
+
+
+def hourly_levels(spec: TrafficSpec, level_step: float = 0.05) -> list[Level]:
+    ts = np.arange(HOURS * 60) * 60.0 + 30.0  # minute midpoints
+    per_minute = spec.rate_at(ts - spec.start_s * 0).reshape(HOURS, 60).mean(axis=1)
+    quantum = spec.rate * level_step
+    levels: dict[tuple[float, tuple[str, ...]], list[int]] = {}
+    for h in range(HOURS):
+        rate = max(quantum, round(per_minute[h] / quantum) * quantum)
+        down = tuple(sorted({f.region for f in spec.failures if f.replica is None
+                             and f.at_s < (h + 1) * 3600 and f.at_s + f.duration_s > h * 3600}))
+        levels.setdefault((round(rate, 9), down), []).append(h)
+    return [Level(rate, down, hours) for (rate, down), hours in sorted(levels.items())]
+
+
+def weigh(results: list[tuple[Level, dict]], spec: TrafficSpec, level_s: float, warmup_s: float) -> dict:
+    """Combines the levels' results into one week (see the module docstring)."""
+    scale = lambda lv: len(lv.hours) * 3600 / level_s  # noqa: E731 - level seconds -> week seconds
+    gpu: dict[str, float] = {}
+    for lv, r in results:
+        for g, h in r["gpu_hours"].items():
+            gpu[g] = gpu.get(g, 0.0) + h * scale(lv)
+    tokens_in = sum(r["input_tokens"] * scale(lv) for lv, r in results)
+    tokens_out = sum(r["output_tokens"] * scale(lv) for lv, r in results)
+    busy_in = sum(r["token_time_split"]["input"] * r["gpu_busy_share"] * sum(r["gpu_hours"].values()) * scale(lv)
+                  for lv, r in results)
+    busy = sum(r["gpu_busy_share"] * sum(r["gpu_hours"].values()) * scale(lv) for lv, r in results)
+    split_in = busy_in / busy if busy else 0.0
+    hours = sum(len(lv.hours) for lv, _ in results)
+    reqs = [(lv, r, r["requests"]["completed"] + r["requests"]["failed"]) for lv, r in results]
+    weight_req = sum(n * len(lv.hours) for lv, _, n in reqs) or 1
+
+    def hour_mean(key: str, p: str) -> float | None:
+        vals = [(len(lv.hours), r[key][p]) for lv, r in results if r[key][p] is not None]
+        return sum(w * v for w, v in vals) / sum(w for w, _ in vals) if vals else None
+
+    out = {
+        "duration_s": float(HOURS * 3600),
+        "gpu_hours": {g: round(h, 4) for g, h in gpu.items()},
+        "input_tokens": int(tokens_in),
+        "output_tokens": int(tokens_out),
+        "token_time_split": {"input": round(split_in, 6), "output": round(1 - split_in, 6)},
+        "levels": [{"rate_rps": lv.rate, "down": list(lv.down), "hours": len(lv.hours), "hours_of_week": lv.hours,
+                    "replicas": r["max_replicas"], "ttft_p99_s": r["ttft_s"]["p99"], "tpot_p99_s": r["tpot_s"]["p99"],
+                    "attainment": r["slo"]["attainment"], "gpu_hours_per_hour": sum(r["gpu_hours"].values())
+                    * 3600 / level_s} for lv, r in results],
+        "attainment": sum(r["slo"]["attainment"] * n * len(lv.hours) for lv, r, n in reqs) / weight_req,
+        "level_s": level_s, "warmup_s": warmup_s, "hours": hours,
+    }
+    for key in ("ttft_s", "tpot_s", "e2e_s"):
+        out[key] = {p: hour_mean(key, p) for p in ("p50", "p90", "p99")}
+    return out
+
+
+def plan_week(model: ModelConfig, profile: StepProfile, spec: TrafficSpec, slo: SLO, *, settings: SimSettings,
+              level_s: float = 120.0, warmup_s: float = 30.0, level_step: float = 0.05,
+              progress: Callable[[str], None] = print) -> dict:
+    levels = hourly_levels(spec, level_step)
+    progress(f"week: {HOURS} hours -> {len(levels)} distinct load levels of {level_s:g} s each")
+    results = []
+    for i, lv in enumerate(levels, 1):
+        # A constant rate; the failure covers the whole level so it is simulated in that state.
+        fails = [Failure(region=r, at_s=0.0, duration_s=level_s * 10) for r in lv.down]
+        sub = spec.model_copy(update={"duration_s": level_s, "rate": lv.rate, "diurnal": None, "weekly": None,
+                                      "spikes": [], "start_s": 0.0, "failures": fails, "trace": None,
+                                      "seed": spec.seed + i})
+        sim = FleetSim(model, profile, sub, make_requests(sub), settings)
+        sim.run()
+        res = summarize(sim, slo, warmup_s=warmup_s)
+        if settings.replicas is None and sim.timeline:  # levels rise: start the next where this one settled
+            last = sim.timeline[-1]["replicas"]
+            settings = replace(settings, initial_replicas=tuple((r, max(n, 1)) for r, n in last.items()))
+        results.append((lv, res))
+        progress(f"  level {i}/{len(levels)}: {lv.rate:.0f} req/s, {len(lv.hours)} h"
+                 f"{', down: ' + ','.join(lv.down) if lv.down else ''}: peak {res['max_replicas']} replicas, "
+                 f"p99 TTFT {(res['ttft_s']['p99'] or 0) * 1000:.0f} ms, attainment {res['slo']['attainment']:.3f}")
+    return weigh(results, spec, level_s, warmup_s)

@@ -1,0 +1,173 @@
+"""The fleet simulator: the real scheduler, router and autoscaler inside; hand-computable cases."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from argosy.config import ModelConfig
+from argosy.sim.fleet import FleetSim, SimSettings
+from argosy.sim.profile import ModelShape, RooflineSettings, StepProfile, roofline_profile
+from argosy.sim.results import SLO, summarize
+from argosy.sim.traffic import TrafficSpec, make_requests
+
+
+def constant_profile(step_s: float = 0.01, num_blocks: int = 4096, cold_start_s: float = 5.0) -> StepProfile:
+    return StepProfile("const", "H100", "measured", "sum", step_s, 0.0, 0.0, 0.0, 0.0, num_blocks, 16, cold_start_s)
+
+
+def simulate(spec: dict, model: dict | None = None, profile: StepProfile | None = None, **settings):
+    sim = FleetSim(ModelConfig(name="m", **(model or {})), profile or constant_profile(), TrafficSpec(**spec),
+                   make_requests(TrafficSpec(**spec)), SimSettings(**settings))
+    sim.run()
+    return sim, summarize(sim, SLO(2.0, 0.1))
+
+
+def test_one_replica_constant_step_is_hand_computable():
+    # 20 output tokens at 10 ms a step: the prefill step gives the first token, 19 decode steps the rest.
+    # An arrival waits at most for the step in progress, so TTFT is in [10, 20) ms and E2E in [200, 210) ms.
+    sim, res = simulate({"duration_s": 60, "rate": 4, "prompt_tokens": {"mean": 100},
+                         "output_tokens": {"mean": 20}}, replicas=1)
+    assert res["requests"]["failed"] == 0 and res["requests"]["completed"] == len(sim.reqs)
+    assert 0.010 - 1e-9 <= res["ttft_s"]["p50"] and res["ttft_s"]["p99"] < 0.020 + 1e-9
+    assert res["tpot_s"]["p50"] == pytest.approx(0.010) and res["tpot_s"]["p99"] == pytest.approx(0.010)
+    assert 0.200 - 1e-9 <= res["e2e_s"]["p50"] < 0.210 + 1e-9
+    # Little's law: requests in the system = arrival rate x time in the system; busy time = steps x 10 ms.
+    assert res["throughput"]["requests_per_s"] == pytest.approx(len(sim.reqs) / 60)
+    busy = sim.all_replicas[0].busy_s
+    assert busy <= len(sim.reqs) * 20 * 0.010 + 1e-6  # batching only saves steps
+    assert res["input_tokens"] == 100 * len(sim.reqs) and res["output_tokens"] == 20 * len(sim.reqs)
+    assert res["gpu_hours"] == {"H100": pytest.approx(60 / 3600, rel=1e-4)}
+    assert res["token_time_split"]["input"] + res["token_time_split"]["output"] == pytest.approx(1.0)
+
+
+def test_small_kv_preempts_with_the_real_scheduler_and_everything_completes():
+    sim, res = simulate({"duration_s": 20, "rate": 20, "prompt_tokens": {"mean": 200},
+                         "output_tokens": {"mean": 200}}, profile=constant_profile(num_blocks=80), replicas=1)
+    assert res["preemptions"] > 0
+    assert res["requests"]["completed"] == len(sim.reqs)
+    rep = sim.all_replicas[0]
+    rep.kv.check_integrity()
+    assert rep.kv.num_free_blocks == rep.kv.num_blocks  # every block came back
+
+
+def test_shared_prefixes_hit_the_prefix_cache_and_prefix_routing_hits_more_than_round_robin():
+    spec = {"duration_s": 20, "rate": 40, "prompt_tokens": {"mean": 64}, "output_tokens": {"mean": 16},
+            "shared_prefix": {"tokens": 512, "groups": 8}}
+    small = constant_profile(num_blocks=160)  # room for about four prefixes per replica
+    _, none = simulate({**spec, "shared_prefix": None}, replicas=4)
+    _, rr = simulate(spec, {"routing": {"policy": "round_robin"}}, profile=small, replicas=4)
+    _, px = simulate(spec, {"routing": {"policy": "prefix"}}, profile=small, replicas=4)
+    assert none["prefix_cache_hit_rate"] == 0.0
+    assert rr["prefix_cache_hit_rate"] > 0.1
+    assert px["prefix_cache_hit_rate"] > rr["prefix_cache_hit_rate"] + 0.1
+
+
+def test_autoscaler_adds_replicas_under_a_spike_and_cold_starts_delay_ttft():
+    spec = {"duration_s": 120, "rate": 10, "prompt_tokens": {"mean": 64}, "output_tokens": {"mean": 100},
+            "spikes": [{"at_s": 30, "duration_s": 60, "multiplier": 6}]}
+    model = {"engine": {"max_num_seqs": 16}, "autoscaling": {"min_replicas": 1, "max_replicas": 10, "target": 8,
+                                                              "tick_s": 2, "stable_window_s": 20}}
+    fast_sim, fast = simulate(spec, model, profile=constant_profile(0.02, cold_start_s=1.0))
+    _, slow = simulate(spec, model, profile=constant_profile(0.02, cold_start_s=40.0))
+    assert fast["max_replicas"] >= 4
+    assert any(d["desired"] > 1 for d in fast_sim.decisions)
+    assert slow["ttft_s"]["p99"] > 2 * fast["ttft_s"]["p99"]
+
+
+def test_a_failed_regions_traffic_moves_to_the_others():
+    spec = {"duration_s": 60, "rate": 20, "prompt_tokens": {"mean": 64}, "output_tokens": {"mean": 20},
+            "regions": [{"name": "a"}, {"name": "b"}], "failover_rtt_s": 0.5,
+            "failures": [{"region": "b", "at_s": 20, "duration_s": 20}]}
+    sim, res = simulate(spec, replicas=2)
+    assert res["requests"]["failed"] <= 10  # only streams cut mid-way on b's replicas
+    moved = [r for r in sim.done if r.extra_latency_s > 0]
+    assert moved and all(r.region == 1 and 20 <= r.arrival_s < 40 for r in moved)
+    assert all(sim.by_name[r.replica].region == 0 for r in moved)
+    during = [row for row in sim.timeline if 25 <= row["t"] < 40]
+    assert during and all(row["replicas"]["b"] == 0 for row in during)
+    assert sim.timeline[-1]["replicas"]["b"] == 2  # recovered (after a cold start)
+
+
+def test_roofline_hand_computed():
+    cfg = {"vocab_size": 1000, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+           "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16}
+    shape = ModelShape.from_config("toy", cfg)
+    # per layer: q,o 2*64*64 + k,v 2*64*32 + mlp 3*64*128 + 2 norms of 64 = 36992; x2 layers; embed + head
+    # 2*1000*64; final norm 64.
+    assert shape.params == 2 * 36992 + 128000 + 64 == 202048
+    assert shape.kv_bytes_per_token_per_byte == 2 * 2 * 2 * 16
+    p = roofline_profile("H100", shape, 1, RooflineSettings(compute_efficiency=0.5, memory_efficiency=0.5,
+                                                            step_overhead_s=0.001))
+    flops, bw = 989e12 * 0.5, 3350e9 * 0.5
+    assert p.per_prefill_token_s == pytest.approx(2 * 202048 / flops)
+    assert p.mem_base_s == pytest.approx(2 * 202048 / bw)
+    assert p.per_kv_token_s == pytest.approx(128 * 2 / bw)
+    # One decode of 1 sequence at 1000 tokens of context: memory-bound.
+    assert p.step_s(0, 1, 1000) == pytest.approx(0.001 + (2 * 202048 + 1000 * 256) / bw)
+    # A prefill of 100k tokens: compute-bound.
+    assert p.step_s(100_000, 0, 100_000) == pytest.approx(0.001 + 100_000 * 2 * 202048 / flops)
+    with pytest.raises(ValueError, match="does not fit"):
+        roofline_profile("L40S", ModelShape("huge", 70e9, 80, 2 * 80 * 8 * 128))
+
+
+def test_week_levels_and_their_weights():
+    from argosy.sim.week import HOURS, hourly_levels, weigh
+
+    spec = TrafficSpec(duration_s=604800, rate=100, weekly=[1, 1, 1, 1, 1, 0.5, 0.5],
+                       regions=[{"name": "a"}, {"name": "b"}],
+                       failures=[{"region": "b", "at_s": 3600 * 50, "duration_s": 3600}])
+    levels = hourly_levels(spec, 0.05)
+    assert sum(len(lv.hours) for lv in levels) == HOURS
+    assert sorted((lv.rate, lv.down, len(lv.hours)) for lv in levels) == [
+        (50.0, (), 48), (100.0, (), 119), (100.0, ("b",), 1)]
+    fake = lambda gpu_h, tin, ttft: {  # noqa: E731
+        "gpu_hours": {"H100": gpu_h}, "input_tokens": tin, "output_tokens": tin // 2,
+        "token_time_split": {"input": 0.5, "output": 0.5}, "gpu_busy_share": 1.0, "max_replicas": 1,
+        "requests": {"completed": 10, "failed": 0}, "slo": {"attainment": 1.0},
+        "ttft_s": {"p50": ttft, "p90": ttft, "p99": ttft}, "tpot_s": {"p50": 0.01, "p90": 0.01, "p99": 0.01},
+        "e2e_s": {"p50": 1.0, "p90": 1.0, "p99": 1.0}}
+    week = weigh([(levels[0], fake(0.1, 1000, 0.2)), (levels[1], fake(0.2, 2000, 0.4)),
+                  (levels[2], fake(0.1, 1000, 1.0))], spec, level_s=360.0, warmup_s=0.0)
+    # a 360 s level stands for 10x its hours: 48 h -> 480 copies of 0.1 GPU-h, 119 h -> 1190 of 0.2, 1 h -> 10 of 0.1
+    assert week["gpu_hours"]["H100"] == pytest.approx(48 + 238 + 1)
+    assert week["input_tokens"] == 480 * 1000 + 1190 * 2000 + 10 * 1000
+    assert week["ttft_s"]["p99"] == pytest.approx((48 * 0.2 + 119 * 0.4 + 1 * 1.0) / 168)
+
+
+def test_sim_cli_writes_the_result_keys_the_cost_estimator_reads(tmp_path, capsys):
+    from argosy.cli import main
+
+    traffic = tmp_path / "t.yaml"
+    traffic.write_text("duration_s: 20\nrate: 20\nprompt_tokens: {mean: 256}\noutput_tokens: {mean: 32}\n")
+    out, html = tmp_path / "r.json", tmp_path / "r.html"
+    assert main(["sim", "--traffic", str(traffic), "--gpu", "A100", "--model-config", "llama-3.1-8b",
+                 "--replicas", "2", "-o", str(out), "--html", str(html)]) == 0
+    res = json.loads(out.read_text())
+    assert set(res["gpu_hours"]) == {"A100"} and res["gpu_hours"]["A100"] == pytest.approx(2 * 20 / 3600, rel=1e-4)
+    assert res["duration_s"] == 20 and res["input_tokens"] > 0 and res["output_tokens"] > 0
+    assert 0 < res["token_time_split"]["input"] < 1
+    assert "<svg" in html.read_text()
+    assert "SLO attainment" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("traffic, extra, message", [
+    ("duration_s: 10\nrat: 5\n", [], "rat"),
+    ("duration_s: -1\n", [], "duration_s"),
+    ("duration_s: 10\nregions: [{name: a}]\nfailures: [{region: z, at_s: 1, duration_s: 1}]\n", [], "unknown region"),
+    ("duration_s: 10\n", ["--gpu", "TPU9"], "unknown accelerator"),
+    (None, [], "cannot|No such file"),
+])
+def test_cli_errors_are_one_line_and_exit_2(tmp_path, capsys, traffic, extra, message):
+    from argosy.cli import main
+
+    path = tmp_path / "t.yaml"
+    if traffic is not None:
+        path.write_text(traffic)
+    args = ["sim", "--traffic", str(path), "--model-config", "llama-3.1-8b"] + (extra or ["--gpu", "H100"])
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("argosy sim: error:") and "\n" not in err and "Traceback" not in err
+    import re
+    assert re.search(message, err)
