@@ -25,6 +25,9 @@ class EngineConfig:
     seed: int = 0
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
+    # How the other ranks start: mp (spawned here), ray (actors in a placement group), torchrun (the
+    # processes torchrun started). None: torchrun when run under it, else mp. See docs/parallel.md.
+    distributed_executor_backend: str | None = None
     max_logprobs: int = 20
 
     def __post_init__(self) -> None:
@@ -38,6 +41,9 @@ class EngineConfig:
             raise ValueError(f"max_num_seqs must be at least 1, got {self.max_num_seqs}")
         if self.tensor_parallel_size < 1 or self.pipeline_parallel_size < 1:
             raise ValueError("tensor_parallel_size and pipeline_parallel_size must be at least 1")
+        if self.distributed_executor_backend not in (None, "mp", "ray", "torchrun"):
+            raise ValueError("distributed_executor_backend must be mp, ray or torchrun, "
+                             f"got {self.distributed_executor_backend!r}")
 
     def resolved_device(self) -> torch.device:
         if self.device == "auto":

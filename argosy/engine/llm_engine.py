@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections import deque
 from pathlib import Path
 
 import torch
@@ -12,11 +13,11 @@ from argosy.engine.config import EngineConfig
 from argosy.engine.detokenizer import IncrementalDetokenizer
 from argosy.engine.errors import InvalidRequestError
 from argosy.engine.kv_cache_manager import KVCacheManager
-from argosy.engine.model_runner import ModelRunner
+from argosy.engine.model_runner import BatchInputs, ModelRunner
 from argosy.engine.outputs import CompletionOutput, RequestOutput
 from argosy.engine.sampler import Sampler
 from argosy.engine.sampling_params import SamplingParams
-from argosy.engine.scheduler import Scheduler
+from argosy.engine.scheduler import Scheduler, SchedulerOutput
 from argosy.engine.sequence import Sequence, SequenceStatus
 from argosy.engine.tokenizer import Tokenizer
 
@@ -44,6 +45,9 @@ class LLMEngine:
         budget = config.token_budget(self.runner.device)
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, budget, config.scheduling_policy)
         self.sampler = Sampler(self.vocab_size, self.eos_token_ids, seed=config.seed)
+        # Pipeline parallel: micro-batches in flight at once, (scheduled, batch, handle, start) oldest first.
+        self.pipeline_depth: int = getattr(self.runner, "pipeline_depth", 1)
+        self._in_flight: deque[tuple[SchedulerOutput, BatchInputs, object, float]] = deque()
         self.requests: dict[str, list[Sequence]] = {}
         self.prompts: dict[str, str | None] = {}
         self.final_only: set[str] = set()
@@ -121,21 +125,48 @@ class LLMEngine:
 
     # -- the step -------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
+        if self.pipeline_depth > 1:
+            return self._step_pipelined()
         out = self.scheduler.schedule()
         if not out.scheduled:
             return []
         start = time.monotonic()
         batch = self.runner.prepare(out.scheduled)
-        logits = self.runner.execute(batch)
+        return self._finish_batch(out, batch, self.runner.execute(batch), start)
+
+    def _step_pipelined(self) -> list[RequestOutput]:
+        """Pipeline parallel: keeps up to P micro-batches in flight (stage 0 computes batch k+1 while
+        stage 1 computes batch k), each from sequences not already in flight; then finishes the oldest."""
+        while len(self._in_flight) < self.pipeline_depth:
+            busy = {seq for out, *_ in self._in_flight for seq, _ in out.scheduled}
+            out = self.scheduler.schedule(in_flight=busy)
+            if not out.scheduled:
+                break
+            start = time.monotonic()
+            batch = self.runner.prepare(out.scheduled)
+            self._in_flight.append((out, batch, self.runner.submit(batch), start))
+        if not self._in_flight:
+            return []
+        out, batch, handle, start = self._in_flight.popleft()
+        return self._finish_batch(out, batch, self.runner.collect(handle), start)
+
+    def _finish_batch(self, out: SchedulerOutput, batch: BatchInputs, logits: torch.Tensor,
+                      start: float) -> list[RequestOutput]:
         now = time.monotonic()
         touched: dict[str, None] = {}
         for seq, n in out.scheduled:
+            if seq.finished:  # aborted while its micro-batch was in flight (its blocks are already freed)
+                continue
             seq.num_computed_tokens += n
             if seq.first_scheduled_time is None:
                 seq.first_scheduled_time = start
-        if batch.sampling_seqs:
-            sampled = self.sampler(logits, batch.sampling_seqs)
-            for i, seq in enumerate(batch.sampling_seqs):
+        rows = [i for i, seq in enumerate(batch.sampling_seqs) if not seq.finished]
+        if rows:
+            seqs = batch.sampling_seqs
+            if len(rows) < len(seqs):
+                seqs, logits = [seqs[i] for i in rows], logits[rows]
+            sampled = self.sampler(logits, seqs)
+            for i, seq in enumerate(seqs):
                 self._append(seq, sampled.token_ids[i], sampled.logprobs[i], sampled.sampled_logprobs[i], now)
                 touched[seq.request_id] = None
         final_only = self.final_only
@@ -203,6 +234,11 @@ class LLMEngine:
         """Stops the worker processes of a parallel engine (a no-op for one process)."""
         close = getattr(self.runner, "close", None)
         if close is not None:
+            while self._in_flight:  # micro-batches of aborted requests: let the ranks finish them first
+                try:
+                    self.runner.collect(self._in_flight.popleft()[2])
+                except RuntimeError:  # the engine already failed
+                    self._in_flight.clear()
             close()
 
     def stats(self) -> dict:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from argosy.engine.kv_cache_manager import KVCacheManager
@@ -78,15 +79,21 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.running) or len(self.waiting) > 0
 
-    def schedule(self) -> SchedulerOutput:
+    def schedule(self, in_flight: Collection[Sequence] = ()) -> SchedulerOutput:
+        """One batch under the token budget. in_flight: sequences whose batch is still running (pipeline
+        micro-batches); they are neither scheduled again (their next token depends on that batch) nor
+        preempted (their blocks are being read and written)."""
         out = SchedulerOutput()
         budget = self.token_budget
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
+            if in_flight and seq in in_flight:
+                i += 1
+                continue
             n = min(seq.num_tokens - seq.num_computed_tokens, budget)
             while not self.kv.allocate_slots(seq, n):
-                victim = self._pick_victim()
+                victim = self._pick_victim(in_flight)
                 if self.running.index(victim) < i:  # already scheduled this step: give back its tokens
                     i -= 1
                     budget += next(m for s, m in out.scheduled if s is victim)
@@ -118,10 +125,12 @@ class Scheduler:
             budget -= n
         return out
 
-    def _pick_victim(self) -> Sequence:
+    def _pick_victim(self, in_flight: Collection[Sequence] = ()) -> Sequence:
+        # Never empty: the sequence asking for blocks is not in flight itself.
+        candidates = [s for s in self.running if s not in in_flight] if in_flight else self.running
         if self.by_priority:
-            return max(self.running, key=lambda s: (s.priority, s.arrival_time))
-        return self.running[-1]
+            return max(candidates, key=lambda s: (s.priority, s.arrival_time))
+        return candidates[-1]
 
     def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
         # Preemption by recompute: drop the blocks; the tokens (prompt and output so far) stay, and

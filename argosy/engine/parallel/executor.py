@@ -1,107 +1,76 @@
-"""The driver's side of a parallel engine: starts the other T*P-1 ranks, runs rank 0's shard, and looks
-like a ModelRunner to LLMEngine (prepare / execute / num_blocks / ...), so the scheduler, the KV cache
-manager and the sampler run once, here.
+"""The driver's side of a parallel engine: starts the other T*P-1 ranks (launch.py), runs rank 0's
+shard, and looks like a ModelRunner to LLMEngine (prepare / execute / num_blocks / ...), so the
+scheduler, the KV cache manager and the sampler run once, here.
 
 Each step the driver sends the prepared batch (token ids, positions, slot mapping, block tables; the
-tensors on the CPU) down one pipe per worker, pickled once; every rank then runs the same forward on
-its shard. Pipeline stages run one batch at a time: while a later stage computes, the earlier ones
-wait (no micro-batches in flight yet).
+tensors on the CPU) down one connection per worker, pickled once; every rank then runs the same
+forward on its shard. With P pipeline stages LLMEngine keeps up to P micro-batches in flight:
+submit() returns once stage 0 (the driver's) has computed, and collect() waits for the last stage's
+logits, so stage 0 computes batch k+1 while stage 1 computes batch k.
 
-Failure: a watchdog thread polls the workers' exit codes; a dead worker makes the next step (or the
-one in progress, whose collective fails as the peer's sockets close) raise RuntimeError naming it,
-and the remaining workers are stopped. Only one parallel engine per process (torch.distributed's
-default group is per process).
+Failure: a watchdog thread polls the workers; a dead worker makes the next step (or the one in
+progress, whose collective fails as the peer's sockets close) raise RuntimeError naming it, and the
+remaining workers are stopped. Only one parallel engine per process (torch.distributed's default group
+is per process).
 """
 
 from __future__ import annotations
 
+import itertools
 import pickle
 import threading
 import time
 import weakref
-from multiprocessing.connection import Connection
-from multiprocessing.process import BaseProcess
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from argosy.engine.checkpoint import load_model_config
 from argosy.engine.config import EngineConfig
 from argosy.engine.model_runner import BatchInputs
+from argosy.engine.parallel.launch import driver_worker, run_if_worker_rank, start_ranks
 from argosy.engine.parallel.model import check_divisible
-from argosy.engine.parallel.state import free_port, init_parallel
-from argosy.engine.parallel.worker import Worker, map_tensors, worker_main
+from argosy.engine.parallel.worker import PendingStep, Worker, map_tensors
 
 WATCH_INTERVAL_S = 0.1
-STOP_TIMEOUT_S = 5.0
-
-
-def _shutdown(procs: list[BaseProcess], conns: list[Connection]) -> None:
-    """Asks every worker to stop, then kills the ones that do not. Also runs at interpreter exit."""
-    for conn in conns:
-        try:
-            conn.send_bytes(pickle.dumps(("stop", None)))
-        except (OSError, ValueError):
-            pass
-    deadline = time.monotonic() + STOP_TIMEOUT_S
-    for p in procs:
-        p.join(max(0.0, deadline - time.monotonic()))
-        if p.is_alive():
-            p.kill()
-            p.join(1.0)
-    for conn in conns:
-        conn.close()
-    if dist.is_initialized():
-        dist.destroy_process_group()
+TAG_LIMIT = 1 << 30  # p2p tags are step numbers modulo this
 
 
 class ParallelExecutor:
     def __init__(self, config: EngineConfig):
         tp, pp = config.tensor_parallel_size, config.pipeline_parallel_size
         check_divisible(load_model_config(config.model), tp, pp)
-        base = config.resolved_device()
-        if base.type == "cuda" and (base.index or 0) + tp * pp > torch.cuda.device_count():
-            raise ValueError(f"tensor_parallel_size x pipeline_parallel_size = {tp * pp} needs that many GPUs "
-                             f"from {base}; {torch.cuda.device_count()} are visible")
+        if run_if_worker_rank(config):  # torchrun, rank > 0: this process was a worker; the driver is done
+            raise SystemExit(0)
         if dist.is_initialized():
             raise RuntimeError("a parallel engine is already running in this process; close() it first")
         self.kind = "tensor-parallel" if pp == 1 else "pipeline-parallel" if tp == 1 else "parallel"
         self.error: str | None = None
-        self.procs: list[BaseProcess] = []
-        self.conns: list[Connection] = []
-        port = free_port()
-        ctx = mp.get_context("spawn")
-        for rank in range(1, tp * pp):
-            parent, child = ctx.Pipe()
-            p = ctx.Process(target=worker_main, args=(rank, port, config, child), name=f"argosy-rank-{rank}",
-                            daemon=True)
-            p.start()
-            child.close()
-            self.procs.append(p)
-            self.conns.append(parent)
-        self._finalizer = weakref.finalize(self, _shutdown, self.procs, self.conns)
+        self.ranks = start_ranks(config)
+        self.procs = getattr(self.ranks, "procs", [])  # local spawn only
+        self.conns = self.ranks.conns
+        self._finalizer = weakref.finalize(self, self.ranks.shutdown)
         try:
-            self.worker: Worker = self._watched(lambda: Worker(config, init_parallel(0, tp, pp, port, base)))
+            self.worker: Worker = self._watched(lambda: driver_worker(config, self.ranks))
         except BaseException:
             self.close()
             raise
-        if base.type == "cuda":
+        if self.ranks.driver_device.type == "cuda":
             torch.cuda.set_device(self.worker.device)  # the worker was built in another thread
         w = self.worker
         self.config, self.device, self.dtype, self.block_size = config, w.device, w.dtype, w.block_size
         self.model_config, self.num_blocks, self.kv_caches = w.model_config, w.num_blocks, w.kv_caches
         self.prepare = w.prepare
         self.kv_bytes_per_block = w.kv_bytes_per_block
+        self.pipeline_depth = pp  # micro-batches LLMEngine keeps in flight
+        self._step_ids = itertools.count()
         threading.Thread(target=self._watch, args=(weakref.ref(self),), name="argosy-worker-watchdog",
                          daemon=True).start()
 
     # -- failure detection ----------------------------------------------------------------------------
     def _dead_worker(self) -> str | None:
-        for rank, p in enumerate(self.procs, start=1):
-            if p.exitcode is not None:
-                return f"{self.kind} worker {rank} exited with code {p.exitcode}"
-        return None
+        dead = self.ranks.dead()
+        return None if dead is None else f"{self.kind} {dead}"
 
     @staticmethod
     def _watch(ref: weakref.ref) -> None:
@@ -155,25 +124,45 @@ class ParallelExecutor:
             raise result["error"]
         return result["value"]
 
-    # -- the ModelRunner interface ---------------------------------------------------------------------
-    def execute(self, batch: BatchInputs) -> torch.Tensor:
+    def _check(self) -> None:
         if self.error is not None:
             self.close()  # the watchdog saw a worker die while the engine was idle
             raise RuntimeError(self.error)
-        # The workers get no Sequence objects, and tensors on the CPU (each rank moves them to its device).
-        portable = map_tensors(BatchInputs(batch.input_ids, batch.positions, batch.meta, batch.sample_indices, []),
-                               lambda t: t.cpu())
-        blob = pickle.dumps(("step", portable), protocol=pickle.HIGHEST_PROTOCOL)
+
+    def _guarded(self, fn):
         try:
-            for conn in self.conns:
-                conn.send_bytes(blob)
-            return self.worker.execute(batch)
+            return fn()
         except Exception as e:
             raise self._fail(e) from e
         except BaseException:  # Ctrl-C mid-step: the ranks are out of step for good
             self.error = f"a {self.kind} step was interrupted; the engine must be restarted"
             self.close()
             raise
+
+    # -- the ModelRunner interface ---------------------------------------------------------------------
+    def submit(self, batch: BatchInputs) -> PendingStep:
+        """Starts a step on every rank; returns once the driver's own stage is done (see collect)."""
+        self._check()
+        tag = next(self._step_ids) % TAG_LIMIT
+        # The workers get no Sequence objects, and tensors on the CPU (each rank moves them to its device).
+        portable = map_tensors(BatchInputs(batch.input_ids, batch.positions, batch.meta, batch.sample_indices, []),
+                               lambda t: t.cpu())
+        blob = pickle.dumps(("step", (tag, portable)), protocol=pickle.HIGHEST_PROTOCOL)
+
+        def run():
+            for conn in self.conns:
+                conn.send_bytes(blob)
+            return self.worker.submit(batch, tag)
+
+        return self._guarded(run)
+
+    def collect(self, pending: PendingStep) -> torch.Tensor:
+        """float32 logits [sampled rows, vocab] of a submitted step, once the last stage sends them."""
+        self._check()
+        return self._guarded(lambda: self.worker.collect(pending))
+
+    def execute(self, batch: BatchInputs) -> torch.Tensor:
+        return self.collect(self.submit(batch))
 
     def set_comm_timing(self, on: bool) -> None:
         """Every rank accumulates the seconds it spends in each communication op (see stats())."""
@@ -186,10 +175,9 @@ class ParallelExecutor:
         self.worker.ps.time_comm = on
 
     def stats(self, reset_comm: bool = False) -> list[dict]:
-        """Per rank (driver first): parameter bytes and, while comm timing is on, seconds in each comm op."""
-        if self.error is not None:
-            self.close()
-            raise RuntimeError(self.error)
+        """Per rank (driver first): parameter bytes and, while comm timing is on, seconds in each comm op.
+        Only between steps (no micro-batch in flight): the answers come back on the step connections."""
+        self._check()
         msg = pickle.dumps(("stats", reset_comm))
         try:
             for conn in self.conns:

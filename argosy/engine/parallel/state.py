@@ -2,12 +2,13 @@
 
 Rank r is tensor-parallel rank r % T of pipeline stage r // T. Rank 0 is the driver: it runs the
 scheduler and the KV cache manager and samples. Each stage's T ranks form one tensor-parallel group;
-stage s's rank i sends its activations to stage s+1's rank i. Gloo on the CPU, NCCL on CUDA; one
-host only (the ranks meet on 127.0.0.1).
+stage s's rank i sends its activations to stage s+1's rank i. Gloo on the CPU, NCCL on CUDA; the
+ranks meet on 127.0.0.1 (local spawn), the driver's node IP (Ray) or MASTER_ADDR (torchrun).
 """
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import socket
 import sys
@@ -24,9 +25,9 @@ import torch.distributed as dist
 COLLECTIVE_TIMEOUT = timedelta(seconds=300)
 
 
-def free_port() -> int:
+def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         return s.getsockname()[1]
 
 
@@ -104,15 +105,28 @@ class ParallelState:
             dist.gather(x.contiguous(), parts, dst=root, group=self.tp_group)
         return torch.cat(parts, dim=-1) if parts is not None else None
 
-    def send(self, x: torch.Tensor, dst: int) -> None:
+    # Tags keep the micro-batches in flight apart (each step's messages carry its number); NCCL ignores
+    # them and relies on the order, which is the same.
+    def send(self, x: torch.Tensor, dst: int, tag: int = 0) -> None:
         with self._timed("send"):
-            dist.send(x.contiguous(), dst)
+            dist.send(x.contiguous(), dst, tag=tag)
 
-    def recv(self, x: torch.Tensor, src: int) -> torch.Tensor:
+    def recv(self, x: torch.Tensor, src: int, tag: int = 0) -> torch.Tensor:
         # On a later stage this includes the wait for the earlier stages' compute (the pipeline bubble).
         with self._timed("recv"):
-            dist.recv(x, src)
+            dist.recv(x, src, tag=tag)
         return x
+
+    def isend(self, x: torch.Tensor, dst: int, tag: int = 0) -> dist.Work:
+        """Starts a send; the caller keeps x alive and waits on the result (wait(work, "send"))."""
+        return dist.isend(x, dst, tag=tag)
+
+    def irecv(self, x: torch.Tensor, src: int, tag: int = 0) -> dist.Work:
+        return dist.irecv(x, src, tag=tag)
+
+    def wait(self, work: dist.Work, kind: str) -> None:
+        with self._timed(kind):
+            work.wait()
 
     def min_over_world(self, value: int) -> int:
         t = torch.tensor([value], dtype=torch.long, device=self.device)
@@ -120,15 +134,24 @@ class ParallelState:
         return int(t.item())
 
 
-def init_parallel(rank: int, tp_size: int, pp_size: int, port: int, base_device: torch.device) -> ParallelState:
-    """Joins the process group (every rank calls this) and builds the tensor-parallel groups."""
-    device = rank_device(base_device, rank)
+def is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(socket.gethostbyname(host)).is_loopback
+    except (OSError, ValueError):
+        return False
+
+
+def init_parallel(rank: int, tp_size: int, pp_size: int, device: torch.device, master_addr: str = "127.0.0.1",
+                  port: int | None = None) -> ParallelState:
+    """Joins the process group (every rank calls this) and builds the tensor-parallel groups. port None:
+    the rendezvous comes from the environment (MASTER_ADDR / MASTER_PORT, as torchrun sets them)."""
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    elif sys.platform == "linux":
+    elif sys.platform == "linux" and is_loopback(master_addr):
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # one host: never pick an outside interface
     world = tp_size * pp_size
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", init_method=f"tcp://127.0.0.1:{port}",
+    init_method = "env://" if port is None else f"tcp://{master_addr}:{port}"
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", init_method=init_method,
                             rank=rank, world_size=world, timeout=COLLECTIVE_TIMEOUT)
     tp_group = None
     if tp_size > 1:

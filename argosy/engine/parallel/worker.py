@@ -1,8 +1,10 @@
 """One rank: its model shard, its KV cache (its layers, its KV heads), and its part of each step.
 
 The driver (rank 0) holds a Worker too, and also prepares the batch (`ModelRunner.prepare`). Other
-ranks run `worker_main`: they wait on a pipe for the driver's next step, so an idle engine has no
-collective waiting to time out, and a driver that dies closes the pipe and so ends them.
+ranks run `serve_steps`: they wait on a connection to the driver (a pipe when spawned locally, TCP
+under Ray or torchrun) for its next step, so an idle engine has no collective waiting to time out,
+and a driver that dies closes the connection and so ends them. Each rank runs the steps in order, so
+micro-batches in flight reach every stage in the order the driver started them.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import os
 import pickle
 import signal
 from collections.abc import Callable
+from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
 import torch
@@ -21,8 +24,9 @@ from argosy.engine.checkpoint import load_model_config
 from argosy.engine.config import EngineConfig
 from argosy.engine.model_runner import BatchInputs, ModelRunner, resolve_dtype
 from argosy.engine.models.llama import rope_inv_freq
+from argosy.engine.parallel.control import connect_to_driver
 from argosy.engine.parallel.model import ShardedLlama, load_shard, local_config
-from argosy.engine.parallel.state import ParallelState, init_parallel
+from argosy.engine.parallel.state import ParallelState, init_parallel, rank_device
 
 
 def map_tensors(obj, fn: Callable[[torch.Tensor], torch.Tensor]):
@@ -35,6 +39,14 @@ def map_tensors(obj, fn: Callable[[torch.Tensor], torch.Tensor]):
         return dataclasses.replace(obj, **{f.name: map_tensors(getattr(obj, f.name), fn)
                                            for f in dataclasses.fields(obj) if f.init})
     return obj
+
+
+@dataclass
+class PendingStep:
+    """A step the driver has started: the logits (filled when the works complete) and the open sends /
+    receives as (work, kind for comm timing, tensor the work still reads)."""
+    logits: torch.Tensor | None
+    works: list[tuple[dist.Work, str, torch.Tensor | None]]
 
 
 class Worker(ModelRunner):
@@ -73,17 +85,23 @@ class Worker(ModelRunner):
         return out
 
     @torch.inference_mode()
-    def execute(self, batch: BatchInputs) -> torch.Tensor | None:
-        """This rank's part of one step. Returns float32 logits [sampled rows, vocab] on the driver,
-        None on the other ranks."""
+    def submit(self, batch: BatchInputs, tag: int = 0) -> PendingStep | None:
+        """This rank's part of one step. On the driver it returns once its own stage is computed, with
+        the last stage's logits still on their way (collect() waits for them), so that with pipeline
+        stages it can start the next micro-batch meanwhile; on the other ranks it returns None when done."""
         ps, cfg = self.ps, self.model_config
         x = None
         if not ps.is_first_stage:
             x = torch.empty(len(batch.input_ids), cfg.hidden_size, dtype=self.dtype, device=self.device)
-            ps.recv(x, ps.rank - ps.tp_size)
+            ps.recv(x, ps.rank - ps.tp_size, tag)
         hidden = self.model(batch.input_ids, batch.positions, self.kv_caches, batch.meta, x)
+        pending = PendingStep(None, [])
         if not ps.is_last_stage:
-            ps.send(hidden, ps.rank + ps.tp_size)
+            if ps.rank == 0:  # the driver does not wait for stage 1 to take it
+                out = hidden.contiguous()
+                pending.works.append((ps.isend(out, ps.rank + ps.tp_size, tag), "send", out))
+            else:
+                ps.send(hidden, ps.rank + ps.tp_size, tag)
         num_sampled = len(batch.sample_indices)
         logits = None
         if ps.is_last_stage and num_sampled:
@@ -91,39 +109,66 @@ class Worker(ModelRunner):
             if logits is not None:
                 logits = logits.float()
                 if ps.rank != 0:
-                    ps.send(logits, 0)
+                    ps.send(logits, 0, tag)
         if ps.rank != 0:
             return None
         if not num_sampled:
-            return torch.empty((0, cfg.vocab_size), dtype=torch.float32, device=self.device)
-        if logits is None:
-            logits = ps.recv(torch.empty(num_sampled, cfg.vocab_size, dtype=torch.float32, device=self.device),
-                             ps.last_stage_root)
-        return logits
+            logits = torch.empty((0, cfg.vocab_size), dtype=torch.float32, device=self.device)
+        elif logits is None:
+            logits = torch.empty(num_sampled, cfg.vocab_size, dtype=torch.float32, device=self.device)
+            # Timed as recv: on the driver that includes waiting for the later stages' compute.
+            pending.works.append((ps.irecv(logits, ps.last_stage_root, tag), "recv", None))
+        pending.logits = logits
+        return pending
+
+    def collect(self, pending: PendingStep) -> torch.Tensor:
+        """The driver: float32 logits [sampled rows, vocab] of a submitted step."""
+        for work, kind, _ in pending.works:
+            self.ps.wait(work, kind)
+        return pending.logits
+
+    def execute(self, batch: BatchInputs, tag: int = 0) -> torch.Tensor | None:
+        """One whole step: logits on the driver, None on the other ranks."""
+        pending = self.submit(batch, tag)
+        return None if pending is None else self.collect(pending)
+
+
+def serve_steps(worker: Worker, conn: Connection) -> None:
+    """A non-driver rank's loop: runs what the driver sends, in order, until told to stop (or until the
+    driver is gone: the connection closes)."""
+    dev = worker.device
+    while True:
+        try:
+            kind, arg = pickle.loads(conn.recv_bytes())
+        except (EOFError, OSError):  # the driver is gone
+            break
+        if kind == "step":
+            tag, batch = arg
+            worker.execute(map_tensors(batch, lambda t: t.to(dev, non_blocking=True)), tag)
+        elif kind == "stats":
+            conn.send_bytes(pickle.dumps(worker.stats(arg)))
+        elif kind == "time_comm":
+            worker.ps.time_comm = arg
+        else:
+            break
+    dist.destroy_process_group()
 
 
 def worker_main(rank: int, port: int, config: EngineConfig, conn: Connection) -> None:
-    """A non-driver rank: joins the group, loads its shard, then runs what the driver sends until told
-    to stop (or until the driver is gone)."""
+    """A rank started by the local spawn: joins the group on 127.0.0.1, loads its shard, serves steps."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle; it stops us
     tp, pp = config.tensor_parallel_size, config.pipeline_parallel_size
     base = config.resolved_device()
     if base.type == "cpu":  # the ranks share the cores
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // (tp * pp)))
-    ps = init_parallel(rank, tp, pp, port, base)
-    worker = Worker(config, ps)
-    dev = ps.device
-    while True:
-        try:
-            kind, arg = pickle.loads(conn.recv_bytes())
-        except EOFError:  # the driver is gone
-            break
-        if kind == "step":
-            worker.execute(map_tensors(arg, lambda t: t.to(dev, non_blocking=True)))
-        elif kind == "stats":
-            conn.send_bytes(pickle.dumps(worker.stats(arg)))
-        elif kind == "time_comm":
-            ps.time_comm = arg
-        else:
-            break
-    dist.destroy_process_group()
+    ps = init_parallel(rank, tp, pp, rank_device(base, rank), "127.0.0.1", port)
+    serve_steps(Worker(config, ps), conn)
+
+
+def remote_worker_main(rank: int, config: EngineConfig, device: torch.device, master_addr: str,
+                       port: int | None) -> None:
+    """A rank started by Ray or torchrun (possibly on another host): joins the group, learns the
+    driver's control address from it, connects, loads its shard, serves steps. port None: torchrun's env."""
+    ps = init_parallel(rank, config.tensor_parallel_size, config.pipeline_parallel_size, device, master_addr, port)
+    conn = connect_to_driver(ps)
+    serve_steps(Worker(config, ps), conn)
