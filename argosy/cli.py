@@ -104,10 +104,19 @@ def main(argv: list[str] | None = None) -> int:
     m.set_defaults(func=cmd_make_test_model)
 
     from argosy.bench.cli import add_bench_arguments, run_bench
+    from argosy.cost.cli import add_cost_arguments, run_cost
     from argosy.fleet.serve import add_serve_arguments, run_serve
     from argosy.fleet.status import add_config_arguments, add_status_arguments, run_config, run_status
     from argosy.gateway.cli import add_gateway_arguments, add_keys_arguments, run_gateway, run_keys
     from argosy.server.cli import add_engine_arguments, run_engine_server
+    from argosy.sim.cli import (
+        add_plan_arguments,
+        add_profile_arguments,
+        add_sim_arguments,
+        run_plan,
+        run_profile,
+        run_sim,
+    )
 
     commands = [
         ("engine", "serve one engine over the OpenAI-compatible HTTP API (port 8100)",
@@ -121,6 +130,14 @@ def main(argv: list[str] | None = None) -> int:
          add_gateway_arguments, run_gateway),
         ("keys", "manage API keys in a fleet file (stored hashed)", add_keys_arguments, run_keys),
         ("bench", "load-test any OpenAI-compatible server (TTFT, ITL, goodput)", add_bench_arguments, run_bench),
+        ("profile", "measure this device's step times (--model) or a roofline profile (--gpu)",
+         add_profile_arguments, run_profile),
+        ("sim", "simulate a fleet under a traffic file: latency, SLOs, replicas, GPU-hours, cost",
+         add_sim_arguments, run_sim),
+        ("plan", "the cheapest fleet meeting SLOs for a traffic file, and the cost/latency frontier",
+         add_plan_arguments, run_plan),
+        ("cost", "$ per million tokens, cost of ownership, break-even against hosted APIs",
+         add_cost_arguments, run_cost),
     ]
     for name, help_text, add_arguments, run in commands:
         p = sub.add_parser(name, help=help_text)

@@ -40,7 +40,7 @@ def test_admission_bounds_in_flight_and_queue(slow_up):
         assert {r.json()["error"]["code"] for r in rs if r.status_code == 503} == {"queue_full", "queue_timeout"}
         assert slow_up.stats()["max_in_flight"] <= 2
         m = httpx.get(gw.url + "/metrics").text
-        assert 'argosy_gateway_rejections_total{model="m",reason="queue_full"}' in m
+        assert 'argosy_gateway_rejections_total{key_class="none",model="m",reason="queue_full"}' in m
     finally:
         gw.stop()
 

@@ -1,4 +1,7 @@
-"""The controller's Prometheus series, registered on the gateway's registry (one /metrics for both)."""
+"""The controller's Prometheus series, registered on the gateway's registry (one /metrics for both).
+
+Names follow docs/metrics.md: `argosy_fleet_*`, base units in the name, counters exposed with `_total`.
+"""
 
 from __future__ import annotations
 
@@ -17,13 +20,20 @@ class FleetMetrics:
         self.panic = Gauge("argosy_fleet_panic_mode", "1 while the autoscaler panics", ["model"], registry=r)
         self.observed = Gauge("argosy_fleet_observed_load", "The scaling metric averaged over a window",
                               ["model", "window"], registry=r)
-        self.decisions = Counter("argosy_fleet_scaling_decisions", "Autoscaler decisions by direction",
-                                 ["model", "direction"], registry=r)
+        self.decisions = Counter("argosy_fleet_scaling_decisions", "Autoscaler decisions by direction and reason",
+                                 ["model", "direction", "reason"], registry=r)
         self.cold_start = Histogram("argosy_fleet_cold_start_seconds", "Replica start to ready", ["model"],
                                     buckets=COLD, registry=r)
         self.restarts = Counter("argosy_fleet_replica_failures", "Replicas that died on their own", ["model"],
                                 registry=r)
+        self.placement_failures = Counter("argosy_fleet_placement_failures",
+                                          "Replica launches refused: no node has room", ["model"], registry=r)
         self.unplaceable = Gauge("argosy_fleet_unplaceable", "1 while a wanted replica cannot be placed",
                                  ["model"], registry=r)
         self.held = Gauge("argosy_fleet_held_requests", "Requests held while a replica starts", ["model"],
                           registry=r)
+
+
+def reason_kind(reason: str) -> str:
+    """The bounded label for an autoscaler reason ("panic: 3.2 over 6 s ..." -> "panic"): the text varies."""
+    return reason.split(":", 1)[0].split(" ", 1)[0] or "unknown"

@@ -14,7 +14,7 @@ import aiohttp
 
 from argosy.config import ModelConfig
 from argosy.fleet.autoscaler import Autoscaler, Decision, Observation
-from argosy.fleet.metrics import FleetMetrics
+from argosy.fleet.metrics import FleetMetrics, reason_kind
 from argosy.fleet.placement import Need, Placer, Unplaceable
 from argosy.fleet.replica import DRAINING, FAILED, LIVE, READY, STARTING, STOPPED, WARMING, Replica, ReplicaSpec
 from argosy.gateway.errors import unavailable
@@ -118,7 +118,7 @@ class ModelController:
 
     def record(self, d: Decision) -> None:
         prev = self.decisions[-1] if self.decisions else None
-        self.m.decisions.labels(self.name, d.direction).inc()
+        self.m.decisions.labels(self.name, d.direction, reason_kind(d.reason)).inc()
         self.m.desired.labels(self.name).set(d.desired)
         self.m.panic.labels(self.name).set(1 if d.panic else 0)
         self.m.observed.labels(self.name, "stable").set(d.stable_value)
@@ -170,12 +170,16 @@ class ModelController:
     def launch(self, pooled: bool) -> bool:
         if self.clock() < self.next_start_at:
             return False  # backing off after a crash; the next tick tries again
-        spec = ReplicaSpec(self.name, str(self.cfg.checkpoint), engine_args(self.cfg, self.need.gpus > 0))
+        args = engine_args(self.cfg, self.need.gpus > 0)
+        if self.gw.fleet.gateway.otlp_endpoint:  # the replica continues the gateway's traces
+            args += ["--otlp-endpoint", self.gw.fleet.gateway.otlp_endpoint]
+        spec = ReplicaSpec(self.name, str(self.cfg.checkpoint), args)
         r = Replica(self.name, spec, pooled=pooled)
         try:
             down = self.provider.down_nodes() if hasattr(self.provider, "down_nodes") else set()
             spec.placement = self.placer.place(r.id, self.name, self.need, self.cfg.provider, down)
         except Unplaceable as e:
+            self.m.placement_failures.labels(self.name).inc()
             if self.unplaceable != str(e):
                 log.warning(json.dumps({"event": "unplaceable", "model": self.name, "reason": str(e)}))
             self.unplaceable = str(e)

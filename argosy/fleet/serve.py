@@ -30,6 +30,9 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port", type=int, help="override gateway.port (0: any free port, printed)")
     p.add_argument("--insecure", action="store_true", help="allow a non-loopback address with no API keys")
     p.add_argument("--log-level", default="info")
+    from argosy.gateway.cli import add_observe_arguments
+
+    add_observe_arguments(p)  # --otlp-endpoint (passed on to the replicas), --log-format, --log-requests
 
 
 def fleet_from_args(args: argparse.Namespace) -> FleetConfig:

@@ -27,6 +27,8 @@ from argosy.gateway.proxy import Call, Proxy
 from argosy.gateway.ratelimit import MemoryLimiter, RedisLimiter
 from argosy.gateway.router import RouteRequest
 from argosy.gateway.traffic import ModelRuntime, Shadower, UpstreamRegistry
+from argosy.observe.gateway_requests import GatewayRequest, serve_request
+from argosy.observe.tracing import make_tracing
 
 log = logging.getLogger("argosy.gateway")
 PROXIED = {"/v1/chat/completions", "/v1/completions", "/v1/embeddings"}
@@ -48,6 +50,7 @@ class Gateway:
                        for m in fleet.models}
         self.shadower = Shadower(lambda: self.session, self.m)
         self.log_content = gw.log_content
+        self.tracing = make_tracing("argosy-gateway", gw.otlp_endpoint)  # None (no per-request work) unless set
 
     def _on_insert(self, hashes: list[bytes], url: str) -> None:
         if self.shared is not None:
@@ -83,6 +86,8 @@ class Gateway:
             await self.shared.stop()
         if self.session is not None:
             await self.session.close()
+        if self.tracing is not None:
+            await asyncio.to_thread(self.tracing.shutdown)  # export the spans still queued
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "lifespan":
@@ -100,7 +105,8 @@ class Gateway:
         path, method = scope["path"], scope["method"]
         try:
             if path in PROXIED and method == "POST":
-                return await self.handle(scope, receive, send, path)
+                return await serve_request(self.tracing, scope, path,
+                                           lambda rq: self.handle(scope, receive, send, path, rq))
             if path == "/health":
                 return await respond(send, 200, b'{"status":"ok"}')
             if path == "/v1/models":
@@ -112,6 +118,14 @@ class Gateway:
                     self.m.healthy.labels(u.url).set(1 if u.state == "closed" else 0)
                     self.m.upstream_in_flight.labels(u.url).set(u.in_flight)
                 return await respond(send, 200, self.m.render(), b"text/plain; version=0.0.4")
+            if path == "/dashboard" or path.startswith("/dashboard/"):
+                from argosy.observe.dashboard import handle as dashboard  # lazy: the page, its files, its data
+
+                return await dashboard(self, send, path)
+            if path == "/metrics/targets":
+                from argosy.observe.targets import http_sd
+
+                return await respond(send, 200, http_sd(self))
             if path.startswith("/admin/"):
                 return await admin.handle(self, scope, receive, send, path, method)
             raise GatewayError(404, f"no route {method} {path}", "not_found_error", "not_found")
@@ -128,9 +142,10 @@ class Gateway:
                                "authentication_error", "invalid_api_key")
         return rec
 
-    async def handle(self, scope, receive, send, path: str) -> None:
+    async def handle(self, scope, receive, send, path: str, rq: GatewayRequest) -> None:
         t0 = time.monotonic()
         key = self.authenticate(scope)
+        key_class = key.priority if key is not None else "none"  # a metrics label: the class, never the key
         body = await read_body(receive)
         try:
             req = json.loads(body)
@@ -157,22 +172,25 @@ class Gateway:
         if key is not None and (key.rpm or key.tpm):
             wait = await self.limiter.take(key.name, key.rpm, key.tpm, min(est, key.tpm or est))
             if wait > 0:
-                self.m.rejections.labels(model_name, "rate_limit").inc()
+                self.m.rejections.labels(model_name, "rate_limit", key_class).inc()
                 raise rate_limited(f"key {key.name!r} is over its rate limit (rpm {key.rpm}, tpm {key.tpm})",
                                    "rate_limit_exceeded", wait)
         prio = PRIORITY.get(key.priority if key else "interactive", 0)
         if header(scope, b"x-priority") == b"batch":
             prio = PRIORITY["batch"]  # a caller may lower its own priority, never raise it
+        span = rq.trace.child("gateway.admission", {"argosy.priority": prio}) if rq.trace else None
         try:
             self.m.queue_depth.labels(model_name).set(rt.admission.waiting + 1)
             waited = await rt.admission.acquire(prio)
         except GatewayError as e:
-            self.m.rejections.labels(model_name, e.code).inc()
+            self.m.rejections.labels(model_name, e.code, key_class).inc()
             if key is not None and key.tpm:
                 await self.limiter.adjust(key.name, key.tpm, min(est, key.tpm))  # not served: refund
             raise
         finally:
             self.m.queue_depth.labels(model_name).set(rt.admission.waiting)
+            if span is not None:
+                span.end()
         self.m.queue_wait.labels(model_name).observe(waited)
         stream = bool(req.get("stream"))
         hdr = rt.cfg.routing.session_header.lower().encode()
@@ -182,7 +200,9 @@ class Gateway:
         rreq = RouteRequest(text, ptoks, sess_key)
         shadow_out = self.shadower.maybe_start(rt, path, req, rreq)
         call = Call(model_name, route, path, body, stream, rreq, est, router, t0, rt.output_guard,
-                    keep_output=shadow_out is not None or bool(key and key.tpm) and not stream or rt.cfg.debug)
+                    keep_output=shadow_out is not None or bool(key and key.tpm) and not stream or rt.cfg.debug,
+                    trace=rq.trace, headers=rq.upstream_headers, request_id=rq.request_id)
+        rq.call = call
         disconnected = asyncio.ensure_future(receive()) if stream else None
         self.m.in_flight.labels(model_name).set(rt.admission.in_flight)
         try:
@@ -190,14 +210,14 @@ class Gateway:
                 await rt.activator(rt)  # scaled to zero: held (bounded) while the controller starts a replica
             await self.proxy.forward(call, send, disconnected)
         except GatewayError as e:
-            self.m.rejections.labels(model_name, e.code).inc()
+            self.m.rejections.labels(model_name, e.code, key_class).inc()
             call.status = e.status
             raise
         finally:
             rt.admission.release()
             if disconnected is not None and not disconnected.done():
                 disconnected.cancel()
-            self.m.requests.labels(model_name, route, call.upstream, str(call.status)).inc()
+            self.m.requests.labels(model_name, route, call.upstream, str(call.status), key_class).inc()
             self.m.e2e.labels(model_name, route, call.upstream).observe(time.monotonic() - t0)
             if shadow_out is not None and not shadow_out.done():
                 shadow_out.set_result((call.output, stream))

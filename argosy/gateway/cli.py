@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
-import logging
 import socket
 import sys
 from pathlib import Path
@@ -17,6 +16,7 @@ import yaml
 
 from argosy.config import FleetConfigError, load_fleet, parse_fleet
 from argosy.gateway.keys import new_key
+from argosy.observe.logs import add_logging_arguments, setup_logging
 
 
 def add_gateway_arguments(parser: argparse.ArgumentParser) -> None:
@@ -26,6 +26,14 @@ def add_gateway_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--insecure", action="store_true",
                         help="allow a non-loopback address with no API keys configured (anyone can use it)")
     parser.add_argument("--log-level", default="info")
+    add_observe_arguments(parser)
+
+
+def add_observe_arguments(parser: argparse.ArgumentParser) -> None:
+    """`argosy gateway` and `argosy serve`: traces (--otlp-endpoint) and log flags (beside --log-level)."""
+    parser.add_argument("--otlp-endpoint", default=None, metavar="URL",
+                        help="override gateway.otlp_endpoint: export traces over OTLP/HTTP (default: off)")
+    add_logging_arguments(parser, log_level=False)
 
 
 def is_loopback(host: str) -> bool:
@@ -49,7 +57,14 @@ def bind(fleet, args: argparse.Namespace, prog: str) -> tuple[socket.socket, str
               f"{getattr(args, 'config', None) or 'fleet.yaml'}\nor bind 127.0.0.1, or pass --insecure.",
               file=sys.stderr)
         return None
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # The shared step of `argosy gateway` and `argosy serve` before their app exists: logs and traces too.
+    try:
+        setup_logging(args.log_format, args.log_level, args.log_requests)
+    except ValueError as e:
+        print(f"{prog}: {e}", file=sys.stderr)
+        return None
+    if args.otlp_endpoint:
+        gw.otlp_endpoint = args.otlp_endpoint  # replicas the fleet starts get it too (model_controller)
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -82,8 +97,9 @@ def serve_on(app, fleet, sock: socket.socket) -> int:
     import uvicorn
 
     tls = fleet.gateway.tls
+    # log_config=None: uvicorn's own loggers go through the root handler (JSON or text, as chosen).
     cfg = uvicorn.Config(app, lifespan="on", access_log=False, log_level="warning", ssl_certfile=tls.cert,
-                         ssl_keyfile=tls.key, timeout_graceful_shutdown=5)
+                         ssl_keyfile=tls.key, timeout_graceful_shutdown=5, log_config=None)
     uvicorn.Server(cfg).run(sockets=[sock])
     return 0
 

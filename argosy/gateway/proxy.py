@@ -13,6 +13,7 @@ import json
 import logging
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import aiohttp
 
@@ -21,10 +22,12 @@ from argosy.gateway.guardrails import Blocked
 from argosy.gateway.health import Upstream
 from argosy.gateway.router import Router, RouteRequest
 from argosy.gateway.stream import StreamFilter, rewrite_full
+from argosy.observe.tracing import mark_first_token, set_http_status
 
 log = logging.getLogger("argosy.gateway")
 RETRYABLE = {429, 500, 502, 503, 504}
 DONE = b"data: [DONE]\n\n"
+JSON_HEADERS = {"content-type": "application/json"}
 
 
 @dataclass
@@ -45,6 +48,9 @@ class Call:
     output: list[bytes] = field(default_factory=list)
     completion_events: int = 0
     retries: int = 0
+    trace: Any = None  # argosy.observe.tracing.RequestTrace when tracing is on
+    headers: dict[str, str] = field(default_factory=JSON_HEADERS.copy)  # to the upstream (x-request-id, ...)
+    request_id: str = ""  # returned to the caller as X-Request-Id
 
 
 def stream_error(message: str, code: str) -> bytes:
@@ -72,22 +78,34 @@ class Proxy:
         tried: set[str] = set()
         last_error = "no live upstream"
         while True:
+            route = call.trace.child("gateway.route", {"argosy.revision": call.route}) if call.trace else None
             u = call.router.choose(call.rreq, tried)
+            if route is not None:
+                route.set_attribute("argosy.upstream", u.url if u is not None else "none")
+                route.end()
             if u is None:
                 raise unavailable(f"model {call.model!r} has no live upstream ({last_error}); retry later",
                                   "no_upstream", retry_after=self.retry_after)
             tried.add(u.url)
             call.upstream = u.url
+            span = None  # one upstream span per attempt: a retry is a sibling span
+            if call.trace is not None:
+                span = call.trace.child("gateway.upstream", {"argosy.upstream": u.url, "url.path": call.path,
+                                                             "argosy.attempt": len(tried)}, client=True)
             u.on_start(call.tokens)
             try:
-                done = await self._attempt(call, u, send, disconnected)
+                done = await self._attempt(call, u, send, disconnected, span)
             except (TimeoutError, aiohttp.ClientError, OSError) as e:
                 u.failure()
                 last_error = f"{type(e).__name__} from {u.url}"
                 log.warning("upstream %s failed before the first byte: %s", u.url, type(e).__name__)
                 done = False
+                if span is not None:
+                    set_http_status(span, 0, last_error)
             finally:
                 u.on_end(call.tokens)
+                if span is not None:
+                    span.end()
             if done:
                 return
             if not self._may_retry(call):
@@ -95,10 +113,13 @@ class Proxy:
                                   "upstream_unavailable", retry_after=self.retry_after)
             self.m.retries.labels(call.model, u.url).inc()
 
-    async def _attempt(self, call: Call, u: Upstream, send, disconnected) -> bool:
+    async def _attempt(self, call: Call, u: Upstream, send, disconnected, span=None) -> bool:
         """True when the user got an answer; False to retry elsewhere (nothing was sent yet)."""
-        resp = await self.session.post(u.url + call.path, data=call.body,
-                                       headers={"content-type": "application/json"})
+        headers = call.headers if span is None else call.trace.inject(span, call.headers)
+        resp = await self.session.post(u.url + call.path, data=call.body, headers=headers)
+        if span is not None:
+            set_http_status(span, resp.status)
+        rid = [(b"x-request-id", call.request_id.encode())] if call.request_id else []
         try:
             if resp.status in RETRYABLE:
                 await resp.read()
@@ -116,10 +137,12 @@ class Proxy:
                     body = await self._check_full(call, body, send)
                     if body is None:
                         return True
-                await send({"type": "http.response.start", "status": call.status,
-                            "headers": [(b"content-type", ctype), (b"content-length", str(len(body)).encode())]})
+                await send({"type": "http.response.start", "status": call.status, "headers": [
+                    (b"content-type", ctype), (b"content-length", str(len(body)).encode()), *rid]})
                 await send({"type": "http.response.body", "body": body})
                 self.m.ttft.labels(call.model, call.route, u.url).observe(time.monotonic() - call.t0)
+                if span is not None:
+                    mark_first_token(span, call.t0)
                 return True
             first = await resp.content.readany()  # still retryable until this arrives
             if not first:
@@ -127,8 +150,10 @@ class Proxy:
                 return False
             u.success()
             call.status = 200
-            await send({"type": "http.response.start", "status": 200,
-                        "headers": [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]})
+            if span is not None:
+                mark_first_token(span, call.t0)
+            await send({"type": "http.response.start", "status": 200, "headers": [
+                (b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"), *rid]})
             await self._stream(call, u, resp, first, send, disconnected)
             return True
         finally:

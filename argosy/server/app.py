@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -13,6 +14,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from argosy.observe.engine_requests import EngineRequestContext
 from argosy.server.async_engine import AsyncEngine
 from argosy.server.chat import create_chat_completion
 from argosy.server.completions import create_completion
@@ -75,8 +77,10 @@ def build_app(
     max_body_bytes: int,
     on_ready: Callable[[], None] = lambda: None,
     on_failed: Callable[[BaseException], None] = lambda exc: None,
+    tracing: Any = None,
 ) -> KeepRawSend:
-    """The server for one engine; `make_engine()` runs in the engine thread when the app starts."""
+    """The server for one engine; `make_engine()` runs in the engine thread when the app starts.
+    `tracing`: an argosy.observe.tracing.Tracing, or None (no traces)."""
     engine = AsyncEngine(make_engine)
     server_metrics = ServerMetrics(served_model_name, engine.engine_stats)
     engine.observer = server_metrics
@@ -89,6 +93,8 @@ def build_app(
             yield
         finally:
             await engine.stop()
+            if tracing is not None:
+                await asyncio.to_thread(tracing.shutdown)  # export the spans still queued
 
     routes = [
         Route("/v1/completions", create_completion, methods=["POST"]),
@@ -105,4 +111,5 @@ def build_app(
                                 Exception: server_error_handler}
     app = Starlette(routes=routes, exception_handlers=handlers, lifespan=lifespan)
     app.state.argosy = state
-    return KeepRawSend(app)
+    # KeepRawSend outermost: streamed chunks skip EngineRequestContext's send wrapper.
+    return KeepRawSend(EngineRequestContext(app, served_model_name, tracing))

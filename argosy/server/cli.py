@@ -7,6 +7,7 @@ import socket
 from pathlib import Path
 
 import argosy
+from argosy.observe.logs import add_logging_arguments
 
 DEFAULT_PORT = 8100
 DEFAULT_MAX_QUEUE = 1024
@@ -37,11 +38,17 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--scheduling-policy", default="fcfs", choices=["fcfs", "priority"])
     parser.add_argument("--tensor-parallel-size", "-tp", type=int, default=1, help="GPUs (or CPU ranks) per stage")
     parser.add_argument("--pipeline-parallel-size", "-pp", type=int, default=1, help="pipeline stages")
+    parser.add_argument("--distributed-executor-backend", default=None, choices=["mp", "ray", "torchrun"],
+                        help="how the other ranks start: mp (local processes), ray (a placement group on the "
+                             "Ray cluster), torchrun (default: torchrun when started by it, else mp)")
     parser.add_argument("--max-queue", type=int, default=DEFAULT_MAX_QUEUE,
                         help="waiting requests past which the server answers 503 with Retry-After")
     parser.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES,
                         help="largest request body accepted (413 above)")
     parser.add_argument("--seed", type=int, default=0, help="seed of requests that set none")
+    parser.add_argument("--otlp-endpoint", default=None, metavar="URL",
+                        help="export OpenTelemetry traces over OTLP/HTTP, e.g. http://127.0.0.1:4318 (default: off)")
+    add_logging_arguments(parser)
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -74,10 +81,20 @@ def run_engine_server(args: argparse.Namespace) -> None:
             enable_prefix_caching=not args.no_prefix_caching, scheduling_policy=args.scheduling_policy,
             seed=args.seed, tensor_parallel_size=args.tensor_parallel_size,
             pipeline_parallel_size=args.pipeline_parallel_size,
+            distributed_executor_backend=args.distributed_executor_backend,
         )
+        from argosy.engine.parallel.launch import run_if_worker_rank
+
+        if run_if_worker_rank(config):  # under torchrun, rank > 0: served rank 0's engine until it stopped
+            return
     except ValueError as exc:
         raise SystemExit(f"argosy engine: {exc}") from None
     served = args.served_model_name or model.resolve().name
+    from argosy.observe.logs import setup_logging
+    from argosy.observe.tracing import make_tracing
+
+    setup_logging(args.log_format, args.log_level, args.log_requests)
+    tracing = make_tracing("argosy-engine", args.otlp_endpoint)
 
     def make_engine():  # runs in the engine thread
         from argosy.engine.llm_engine import LLMEngine
@@ -101,10 +118,11 @@ def run_engine_server(args: argparse.Namespace) -> None:
 
     prometheus_client.disable_created_metrics()  # no *_created series: vLLM's scrape shape
     app = build_app(served, make_engine, max_queue=args.max_queue, max_body_bytes=args.max_body_bytes,
-                    on_ready=on_ready, on_failed=on_failed)
+                    on_ready=on_ready, on_failed=on_failed, tracing=tracing)
     # No access log: request lines are noise at this rate, and the server never logs prompts anyway.
+    # log_config=None: uvicorn's own loggers go through the root handler (JSON or text, as chosen).
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on",
-                                           timeout_graceful_shutdown=5))
+                                           timeout_graceful_shutdown=5, log_config=None))
     print(f"argosy engine: listening on {url}, loading {served} from {model} ...", flush=True)
     server.run(sockets=[sock])
     if failures:

@@ -12,6 +12,7 @@ from starlette.responses import Response
 
 from argosy.engine.errors import InvalidRequestError
 from argosy.engine.outputs import RequestOutput
+from argosy.observe.engine_requests import note_group
 from argosy.server.async_engine import AsyncEngine, EngineRequest, EngineStepError, RequestGroup
 from argosy.server.errors import APIError
 from argosy.server.metrics import ServerMetrics
@@ -69,11 +70,13 @@ class ServerState:
         if self.engine.num_waiting() + len(requests) > self.max_queue:
             raise APIError.overloaded(f"The server is overloaded ({self.max_queue} requests waiting); retry later.")
         try:
-            return await self.engine.add(requests, arrival)
+            group = await self.engine.add(requests, arrival)
         except InvalidRequestError as exc:
             raise APIError.from_invalid(exc) from None
         except EngineStepError as exc:
             raise APIError(500, str(exc), code="engine_error") from None
+        note_group(group)  # for the request's trace spans and access-log line (argosy/observe)
+        return group
 
 
 async def open_request(request) -> tuple[float, ServerState, Fields]:

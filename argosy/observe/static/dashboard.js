@@ -1,0 +1,100 @@
+// The Argosy dashboard: polls /dashboard/data every 2 s and redraws tables and uPlot charts in place.
+// After each poll, each chart's element carries data-points (non-null values drawn) and data-series,
+// and <body> carries data-polls: the browser test reads them.
+"use strict";
+
+const POLL_MS = 2000;
+const COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf"];
+const charts = {};  // name -> {plot, signature}
+let polls = 0;
+
+// Each chart: which series of the JSON it draws, their labels, and a scale for the unit shown.
+function chartSeries(name, s) {
+  const pick = (key, label = (k) => k, scale = 1) =>
+    Object.entries(s[key] || {}).map(([k, v]) => ({label: label(k), values: v.map((x) => x == null ? null : x * scale)}));
+  switch (name) {
+    case "ttft": return [...pick("ttft_p50_s", (m) => `${m} p50`), ...pick("ttft_p99_s", (m) => `${m} p99`)];
+    case "itl": return [...pick("itl_p50_s", (m) => `${m} p50`), ...pick("itl_p99_s", (m) => `${m} p99`)];
+    case "kv_cache_usage": return pick("kv_cache_usage", (u) => u.replace(/^https?:\/\//, ""), 100);
+    case "replicas": return [...pick("replicas_desired", (m) => `${m} desired`),
+                             ...pick("replicas_ready", (m) => `${m} ready`)];
+    default: return pick(name);
+  }
+}
+
+function draw(el, t, series) {
+  const name = el.dataset.chart, unit = el.dataset.unit;
+  const signature = series.map((x) => x.label).join("|");
+  const data = [t, ...series.map((x) => x.values)];
+  let c = charts[name];
+  if (!c || c.signature !== signature) {  // the set of series changed: build the chart again
+    if (c) c.plot.destroy();
+    el.innerHTML = `<h3>${el.dataset.title} (${unit})</h3>`;
+    if (!series.length) {
+      el.insertAdjacentHTML("beforeend", `<div class="empty">${name === "errors_per_s" ? "no errors" : "no data yet"}</div>`);
+      charts[name] = {plot: {destroy() {}, setData() {}}, signature};
+    } else {
+      const opts = {
+        width: Math.max(400, el.clientWidth - 12), height: 210,
+        scales: {x: {time: true}, y: {range: (u, lo, hi) => [0, hi > 0 ? hi * 1.1 : 1]}},
+        axes: [{}, {label: unit, size: 60}],
+        series: [{}, ...series.map((x, i) => ({label: x.label, stroke: COLORS[i % COLORS.length], width: 1.5,
+                                                 spanGaps: false, points: {show: false}}))],
+      };
+      charts[name] = {plot: new uPlot(opts, data, el), signature};
+    }
+  } else {
+    c.plot.setData(data);
+  }
+  el.dataset.series = String(series.length);
+  el.dataset.points = String(series.reduce((n, x) => n + x.values.filter((v) => v != null).length, 0));
+  el.dataset.nonzero = String(series.some((x) => x.values.some((v) => v != null && v > 0)));
+}
+
+function cell(text, cls = "") { return `<td class="${cls}">${text == null ? "-" : text}</td>`; }
+function esc(s) { return String(s).replace(/[&<>"]/g, (ch) => ({"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;"}[ch])); }
+function pct(x) { return x == null ? null : (100 * x).toFixed(1) + " %"; }
+
+function renderModels(models) {
+  const html = models.map((m) => {
+    const head = `<h2>${esc(m.model)}: ${m.ready} ready` + (m.desired != null ? `, desired ${m.desired}` : "") +
+      `; ${m.in_flight} in flight, ${m.queued} queued` + (m.held ? `, ${m.held} held for a cold start` : "") +
+      (m.panic ? "; <b>panic</b>" : "") + (m.unplaceable ? `; cannot place: ${esc(m.unplaceable)}` : "") + "</h2>";
+    const rows = m.replicas.map((r) => "<tr>" + cell(esc(r.id)) + cell(esc(r.state) + (r.pooled ? " (pool)" : ""), "state-" + r.state) +
+      cell(r.url ? esc(r.url) : null) + cell(r.in_flight, "num") + cell(r.running, "num") + cell(r.waiting, "num") +
+      cell(pct(r.kv_cache_usage), "num") + cell(r.age_s == null ? null : r.age_s.toFixed(0) + " s", "num") +
+      cell(r.cold_start_s == null ? null : r.cold_start_s.toFixed(1) + " s", "num") + "</tr>").join("");
+    return head + "<table class=\"replicas\"><thead><tr><th>replica</th><th>state</th><th>url</th><th>in flight (gateway)</th>" +
+      "<th>running</th><th>waiting</th><th>KV cache</th><th>age</th><th>cold start</th></tr></thead><tbody>" +
+      (rows || '<tr><td colspan="9">no replicas</td></tr>') + "</tbody></table>";
+  }).join("");
+  document.getElementById("models").innerHTML = html;
+}
+
+function renderDecisions(decisions) {
+  const rows = decisions.slice(-20).reverse().map((d) => "<tr>" + cell(esc(d.at)) + cell(esc(d.model)) + cell(esc(d.direction)) +
+    cell(`${d.actual} &rarr; ${d.desired}`) + cell(d.panic ? "yes" : "no") + cell(esc(d.reason), "reason") + "</tr>").join("");
+  document.querySelector("#decisions tbody").innerHTML = rows || '<tr><td colspan="6">none yet</td></tr>';
+}
+
+async function poll() {
+  const status = document.getElementById("status");
+  try {
+    const r = await fetch("/dashboard/data", {cache: "no-store"});
+    if (!r.ok) throw new Error(`HTTP ${r.status}`);
+    const d = await r.json();
+    renderModels(d.models);
+    renderDecisions(d.decisions);
+    for (const el of document.querySelectorAll(".chart")) draw(el, d.t, chartSeries(el.dataset.chart, d.series));
+    polls += 1;
+    document.body.dataset.polls = String(polls);
+    status.textContent = `updated ${new Date(d.now * 1000).toLocaleTimeString()}, every ${d.poll_s} s`;
+    status.className = "";
+  } catch (e) {
+    status.textContent = `cannot reach the gateway (${e.message}); retrying`;
+    status.className = "stale";
+  }
+  setTimeout(poll, POLL_MS);
+}
+
+poll();
