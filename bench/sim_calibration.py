@@ -1,13 +1,14 @@
 """Calibration: the simulator against a real replica, on the same workload.
 
-1. profile the real engine on a small random checkpoint (`argosy profile --model`),
+1. profile the real engine on the built-in model, and what a served replica adds to it
+   (`argosy profile --model`: engine steps, then bursts against a real replica),
 2. start a real `argosy engine` replica and drive it with `argosy bench` (fixed Poisson workload),
 3. replay the requests the bench sent (its send times and the server's token counts) in `argosy sim`
    with one replica and the measured profile,
 4. print measured vs simulated TTFT p50/p90, TPOT p50 and output throughput, with % differences
    (target: within 15%).
 
-    .venv/bin/python bench/sim_calibration.py [--rate 4] [--num-requests 200]
+    .venv/bin/python bench/sim_calibration.py [--rate 4] [--num-requests 200] [--model PATH | --size small]
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ def wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float = 120.0) -> 
         if proc.poll() is not None:
             raise RuntimeError("the engine exited before it was healthy")
         try:
-            with urllib.request.urlopen(url + "/health", timeout=2):
+            with urllib.request.urlopen(url + "/ready", timeout=2):
                 return
         except OSError:
             time.sleep(0.5)
@@ -71,21 +72,33 @@ def main() -> int:
     ap.add_argument("--num-requests", type=int, default=200)
     ap.add_argument("--prompt-tokens", type=int, default=128)
     ap.add_argument("--output-tokens", type=int, default=64)
-    ap.add_argument("--size", default="small", help="random checkpoint preset (small)")
+    ap.add_argument("--model", default=None,
+                    help="checkpoint folder (default: the built-in model); or --size for a random one")
+    ap.add_argument("--size", default=None, help="a random checkpoint of this preset (tiny, small, 125m)")
     args = ap.parse_args()
     from argosy.config import ModelConfig
     from argosy.sim.fleet import FleetSim, SimSettings
     from argosy.sim.measure import measure_profile
+    from argosy.sim.measure_serving import measure_serving
     from argosy.sim.results import SLO, summarize
     from argosy.sim.traffic import TrafficSpec, make_requests
 
-    ckpt = checkpoint(args.size)
+    # The built-in model by default: trained, so its greedy tokens are English text and every token
+    # reaches the client in its own chunk. A random model samples byte tokens that are parts of UTF-8
+    # characters; the server holds those back until the character is whole, so the client's first
+    # chunk (its TTFT) can come several tokens after the engine's first token.
+    from argosy.models.builtin import BUILTIN_MODEL_DIR
+
+    ckpt = args.model or (checkpoint(args.size, vocab_size=512) if args.size else str(BUILTIN_MODEL_DIR))
     print("1/3 profiling the engine on this CPU ...", flush=True)
     profile = measure_profile(ckpt, max_num_seqs=32, token_budget=512, kv_cache_memory_gib=0.5,
+                              log=lambda m: print("   " + m, flush=True))
+    profile = measure_serving(ckpt, profile, max_num_seqs=32, token_budget=512, kv_cache_memory_gib=0.5,
                               log=lambda m: print("   " + m, flush=True))
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     tmp = Path(tempfile.mkdtemp(prefix="argosy-calib-"))
+    profile.save(tmp / "profile.json")
     print(f"2/3 argosy bench against a real replica: {args.num_requests} requests at {args.rate} req/s ...",
           flush=True)
     proc = subprocess.Popen([sys.executable, "-m", "argosy.cli", "engine", "--model", ckpt, "--port", str(port),

@@ -171,3 +171,30 @@ def test_cli_errors_are_one_line_and_exit_2(tmp_path, capsys, traffic, extra, me
     assert err.startswith("argosy sim: error:") and "\n" not in err and "Traceback" not in err
     import re
     assert re.search(message, err)
+
+
+def test_profile_measures_the_engine_and_a_served_replica_then_sim_reads_it(tmp_path, capsys):
+    from argosy.cli import main
+    from argosy.engine.random_model import make_random_model
+    from argosy.sim.profile import load_profile
+
+    ckpt = tmp_path / "tiny"
+    make_random_model(ckpt, size="tiny", vocab_size=512)
+    out = tmp_path / "profile.json"
+    assert main(["profile", "--model", str(ckpt), "--max-num-seqs", "4", "--max-num-batched-tokens", "64",
+                 "--kv-cache-memory", "0.05", "-o", str(out)]) == 0
+    prof = load_profile(out)
+    assert prof.source == "measured" and "served" in prof.name
+    obs = prof.notes["observations"]
+    assert len(obs) >= 10 and all(t > 0 for *_, t in obs)
+    serving = prof.notes["serving"]
+    assert sorted({b for b, _ in serving["observations"]}) == [1, 4]  # one burst size per batch measured
+    assert prof.request_s == serving["request_s"] >= 0
+    assert len(prof.request_s_quantiles) == 20 and list(prof.request_s_quantiles) == sorted(prof.request_s_quantiles)
+    traffic = tmp_path / "t.yaml"
+    traffic.write_text("duration_s: 20\nrate: 2\nprompt_tokens: {mean: 32}\noutput_tokens: {mean: 8}\n")
+    res = tmp_path / "r.json"
+    assert main(["sim", "--profile", str(out), "--traffic", str(traffic), "--replicas", "1", "-o", str(res)]) == 0
+    r = json.loads(res.read_text())
+    assert r["requests"]["completed"] > 0
+    assert r["ttft_s"]["p50"] >= prof.request_s  # every request pays the serving overhead

@@ -94,11 +94,17 @@ class KVCacheManager:
         same step may share them. Returns False, changing nothing, when too few blocks are free.
         """
         computed = computed_blocks or []
-        if computed and seq.block_ids:
+        bs = self.block_size
+        if not computed:
+            # Most calls are decodes with room left in the last block and no block newly full: nothing to do.
+            total = seq.num_computed_tokens + num_new_tokens
+            if total <= len(seq.block_ids) * bs and (not self.enable_prefix_caching or min(
+                    total, seq.num_tokens) // bs <= self._num_cached_blocks.get(seq.seq_id, 0)):
+                return True
+        elif seq.block_ids:
             raise ValueError("computed_blocks are only passed at admission, to a sequence holding no blocks")
         if self.num_blocks_needed(seq, num_new_tokens, computed) > self.pool.num_free_blocks:
             return False
-        bs = self.block_size
         if computed:
             for i, block in enumerate(computed):
                 # A block evicted since get_computed_blocks holds other tokens now: a scheduler bug.

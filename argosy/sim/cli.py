@@ -66,6 +66,8 @@ def add_profile_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-num-seqs", type=int, default=64, help="largest decode batch measured (64)")
     p.add_argument("--max-num-batched-tokens", type=int, default=512, help="token budget of a step (512)")
     p.add_argument("--kv-cache-memory", type=float, default=0.5, metavar="GIB", help="KV cache when measuring")
+    p.add_argument("--engine-only", action="store_true",
+                   help="time the engine's steps only; by default a served replica is measured too (HTTP, SSE)")
     p.add_argument("--output", "-o", default="profile.json")
     _add_roofline(p)
 
@@ -85,7 +87,13 @@ def run_profile(args: argparse.Namespace) -> int:
 
             prof = measure_profile(args.model, max_num_seqs=args.max_num_seqs, token_budget=args.max_num_batched_tokens,
                                    kv_cache_memory_gib=args.kv_cache_memory, log=_log)
-    except (ValueError, FileNotFoundError) as e:
+            if not args.engine_only:
+                from argosy.sim.measure_serving import measure_serving
+
+                prof = measure_serving(args.model, prof, max_num_seqs=args.max_num_seqs,
+                                       token_budget=args.max_num_batched_tokens,
+                                       kv_cache_memory_gib=args.kv_cache_memory, log=_log)
+    except (ValueError, FileNotFoundError, RuntimeError) as e:
         return _fail("profile", e)
     prof.save(args.output)
     print(f"{prof.name}: step = {prof.base_s * 1e3:.3f} ms + {prof.combine}(compute, memory); "
@@ -151,7 +159,8 @@ def add_sim_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tp", type=int, default=1)
     p.add_argument("--replicas", type=int, help="fixed replicas per region (default: the autoscaler decides)")
     p.add_argument("--week", action="store_true", help="plan a week from its distinct hourly load levels")
-    p.add_argument("--level-duration", type=seconds, default=120.0, help="--week: seconds simulated per level (120)")
+    p.add_argument("--level-duration", type=seconds, default=60.0,
+                   help="--week: seconds simulated per level, the first third a warm-up (60)")
     p.add_argument("--level-step", type=float, default=0.05, help="--week: levels rounded to this share of the peak")
     _add_roofline(p)
 
@@ -186,7 +195,7 @@ def run_sim(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     if args.week:
         res = plan_week(model, profile, spec, slo, settings=settings, level_s=args.level_duration,
-                        level_step=args.level_step, progress=_log)
+                        warmup_s=args.level_duration / 3, level_step=args.level_step, progress=_log)
         res["cost"] = ({"usd": round(sum(h * prices[g] for g, h in res["gpu_hours"].items()), 2)}
                        if prices else None)
         text = (f"week: {res['hours']} hours from {len(res['levels'])} levels; attainment {res['attainment']:.3f}; "

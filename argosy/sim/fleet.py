@@ -31,6 +31,9 @@ class SimSettings:
     sample_s: float = 1.0  # timeline resolution
     drain_limit_s: float = 600.0  # after the last arrival, stop simulating in-flight requests after this
     initial_replicas: tuple[tuple[str, int], ...] = ()  # (region, ready replicas at t=0) with the autoscaler
+    # Replicas started before this time are ready at once: a week level's warm-up stands for the hours
+    # before it, in which the autoscaler had time to follow the slow diurnal change.
+    instant_start_until_s: float = 0.0
 
 
 class Region:
@@ -78,6 +81,7 @@ class FleetSim:
 
     def start_replica(self, region: Region, now: float, cold: bool = True) -> SimReplica:
         e = self.model.engine
+        cold = cold and now >= self.s.instant_start_until_s
         ready = now + (self.profile.cold_start_s if cold else 0.0)
         rep = SimReplica(f"{region.name}-{next(self.ids)}", region.idx, self.profile, e.max_num_seqs,
                          e.max_num_batched_tokens, now, ready, self.prefix_tokens)

@@ -3,8 +3,10 @@
 Three sweeps, each step timed around LLMEngine.step(): prefills of P tokens alone, decode steps of B
 sequences at two context lengths (so the KV term separates from the batch term), and mixed steps (a
 prefill chunk beside decodes). A least-squares fit, with coefficients kept >= 0, gives
-step = base + a * prefill_tokens + b * decode_seqs + c * kv_tokens. Cold start is the time to load the
-engine and run its first step, in this process (a replica's process start and imports come on top).
+step = base + a * prefill_tokens + b * decode_seqs + c * kv_tokens + d * prefill_attention (query tokens x
+their context: a prompt's attention grows with its square), refitted once without outliers. Cold start
+is the time to load the engine and run its first step, in this process (a replica's process start and
+imports come on top).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from argosy.engine.llm_engine import LLMEngine
 from argosy.engine.sampling_params import SamplingParams
 from argosy.sim.profile import StepProfile
 
-Obs = tuple[int, int, int, float]  # prefill tokens, decode sequences, KV tokens read, seconds
+Obs = tuple[int, int, int, int, float]  # prefill tokens, decode sequences, KV tokens, prefill attention, seconds
 
 
 class _Prober:
@@ -48,23 +50,36 @@ class _Prober:
             self.engine.abort_request(rid)
 
 
-def _fit(obs: list[Obs]) -> tuple[list[float], float]:
-    """Non-negative least squares (on relative errors) by dropping negative coefficients; returns coefficients and the
-    mean relative error of the fit."""
-    x = np.array([[1.0, p, d, kv] for p, d, kv, _ in obs])
-    y = np.array([t for *_, t in obs])
-    w = 1.0 / y  # relative errors: a 5 ms decode step counts as much as a 100 ms prefill
-    active = [0, 1, 2, 3]
+def _nnls(x: np.ndarray, y: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """Weighted least squares with coefficients kept >= 0 by dropping the most negative one until none is."""
+    active = list(range(x.shape[1]))
     while True:
         coef, *_ = np.linalg.lstsq(x[:, active] * w[:, None], y * w, rcond=None)
         if (coef >= 0).all():
             break
         active.pop(int(np.argmin(coef)))
-    full = [0.0] * 4
-    for i, c in zip(active, coef, strict=True):
-        full[i] = float(c)
-    err = float(np.mean(np.abs(x @ np.array(full) - y) / y))
-    return full, err
+    full = np.zeros(x.shape[1])
+    full[active] = coef
+    return full
+
+
+def _fit(obs: list[Obs]) -> tuple[list[float], float, int]:
+    """The coefficients, the mean relative error of the fit, and how many outliers were left out."""
+    x = np.array([[1.0, p, d, kv, a] for p, d, kv, a, _ in obs])
+    y = np.array([t for *_, t in obs])
+    # Relative errors (a 5 ms decode step counts as much as a 100 ms prefill), and each kind of step
+    # (prefill only, decode only, mixed) weighs the same in all, however many of it were measured.
+    kind = [(p > 0) + 2 * (d > 0) for p, d, *_ in obs]
+    w = np.array([1.0 / (t * kind.count(k)) for k, (*_, t) in zip(kind, obs, strict=True)])
+    coef = _nnls(x, y, w)
+    # One refit without the outliers (a cache cliff, a noisy neighbour): a few steps far off the line
+    # would otherwise tilt it for every step near it.
+    rel = np.abs(x @ coef - y) / y
+    keep = rel <= max(3 * float(np.median(rel)), 0.05)
+    if keep.sum() >= x.shape[1] + 3 and not keep.all():
+        coef = _nnls(x[keep], y[keep], w[keep])
+    err = float(np.mean((np.abs(x @ coef - y) / y)[keep]))
+    return [float(c) for c in coef], err, int((~keep).sum())
 
 
 def measure_profile(model: str, *, max_num_seqs: int = 64, token_budget: int = 512, kv_cache_memory_gib: float = 0.5,
@@ -80,47 +95,55 @@ def measure_profile(model: str, *, max_num_seqs: int = 64, token_budget: int = 5
     cold_start = time.perf_counter() - t0
     log(f"cold start (load + first step): {cold_start:.2f} s")
     obs: list[Obs] = []
-    prefill_sizes = sorted({s for s in (16, 64, 128, 256, token_budget // 2, token_budget) if s <= token_budget})
+    table: list[tuple[float, float, float]] = []  # decode-only steps: batch, context, median seconds
+    longest = min(token_budget, engine.max_model_len - 1)  # a prompt leaves room for one token
+    prefill_sizes = sorted({s for s in (16, 64, 128, 256, longest // 2, longest) if s <= longest})
     for p in prefill_sizes:
         times = []
         for _ in range(repeats):
             probe.add(p, 1)
             times.append(probe.timed_step())
             probe.clear()
-        obs.append((p, 0, p, statistics.median(times)))
-    log(f"prefill sweep: {len(prefill_sizes)} sizes up to {token_budget} tokens")
+        obs.append((p, 0, p, p * (p + 1) // 2, statistics.median(times)))
+    log(f"prefill sweep: {len(prefill_sizes)} sizes up to {longest} tokens")
     batches = sorted({b for b in (1, 2, 4, 8, 16, 32, 64, 128) if b <= max_num_seqs})
-    for ctx in (32, 256):
+    for ctx in (32, min(256, engine.max_model_len // 2)):
         for b in batches:
             for _ in range(b):
-                probe.add(ctx, 512)
+                probe.add(ctx, engine.max_model_len - ctx)
             while any(s.num_output_tokens == 0 for s in engine.scheduler.running) or len(engine.scheduler.waiting):
                 engine.step()
+            times = []
             for k in range(repeats + 1):
                 kv = sum(s.num_tokens for s in engine.scheduler.running)
                 t = probe.timed_step()
                 if k:  # the first decode step after the prefills is a warm-up
-                    obs.append((0, b, kv, t))
+                    obs.append((0, b, kv, 0, t))
+                    times.append(t)
+            table.append((b, ctx, statistics.median(times)))
             probe.clear()
         log(f"decode sweep at {ctx} tokens of context: batches {batches[0]}..{batches[-1]}")
     for b in batches[: max(1, len(batches) - 1)]:
-        chunk = max(16, token_budget - b)
+        chunk = max(16, longest - b)
         for _ in range(b):
-            probe.add(32, 512)
+            probe.add(32, engine.max_model_len - 32)
         while any(s.num_output_tokens == 0 for s in engine.scheduler.running) or len(engine.scheduler.waiting):
             engine.step()
         probe.add(chunk, 1)
         kv = sum(s.num_tokens for s in engine.scheduler.running) + chunk
-        obs.append((chunk, b, kv, probe.timed_step()))
+        obs.append((chunk, b, kv, chunk * (chunk + 1) // 2, probe.timed_step()))
         probe.clear()
     log(f"mixed steps: {len(batches) - 1} batches with a prefill chunk")
-    (base, per_tok, per_seq, per_kv), err = _fit(obs)
+    (base, per_tok, per_seq, per_kv, per_attn), err, outliers = _fit(obs)
     log(f"fit: step = {base * 1e3:.3f} ms + {per_tok * 1e6:.2f} us/prefill token + {per_seq * 1e6:.1f} "
-        f"us/decode seq + {per_kv * 1e9:.2f} ns/KV token (mean error {err * 100:.1f}%)")
+        f"us/decode seq + {per_kv * 1e9:.2f} ns/KV token + {per_attn * 1e9:.3f} ns/prefill query x context token "
+        f"(mean error {err * 100:.1f}%; {outliers} of {len(obs)} steps left out as outliers)")
     engine.close()
     return StepProfile(
         name=f"{model} on this CPU (measured)", gpu="cpu", source="measured", combine="sum", base_s=base,
         per_prefill_token_s=per_tok, per_decode_seq_s=per_seq, mem_base_s=0.0, per_kv_token_s=per_kv,
+        per_prefill_attn_s=per_attn, decode_table=tuple(table),
         num_blocks=engine.kv.num_blocks, block_size=cfg.block_size, cold_start_s=cold_start,
         notes={"max_num_seqs": max_num_seqs, "token_budget": token_budget, "fit_mean_rel_error": err,
+               "fit_outliers": outliers,
                "observations": [list(o) for o in obs]})

@@ -5,6 +5,9 @@
     step    = base_s + (compute + memory)   when measured (a least-squares fit of real steps)
     step    = base_s + max(compute, memory)  for a roofline (compute- or memory-bound, whichever is slower)
 
+A measured profile may also carry its decode-only steps as a table (batch, context, seconds), which
+those steps are interpolated from, and what a served replica adds per step and per streamed sequence.
+
 A profile also carries what the simulator needs besides step times: the KV capacity in blocks, the
 block size, the cold-start time, the GPU type and how many GPUs one replica takes (TP).
 """
@@ -13,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+from bisect import bisect_left
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -36,6 +40,18 @@ class StepProfile:
     block_size: int = 16
     cold_start_s: float = 30.0  # from start request to ready
     gpus_per_replica: int = 1  # tensor parallel size
+    request_s: float = 0.0  # per request outside the engine (HTTP, tokenization, first chunk): on TTFT and E2E
+    # Its measured spread (quantiles, s): each simulated request draws one; empty means request_s for all.
+    request_s_quantiles: tuple[float, ...] = ()
+    # Prefill attention grows with query x context (quadratic in a prompt): per (query token x context token).
+    per_prefill_attn_s: float = 0.0
+    # Measured decode-only steps (batch, context tokens per sequence, seconds): where given, a decode-only
+    # step is interpolated from them instead of the fitted line (which bends neither at cache cliffs nor
+    # at small batches).
+    decode_table: tuple[tuple[float, float, float], ...] = ()
+    # What a served replica adds to every step, and per sequence streamed (argosy.sim.measure_serving).
+    serving_step_s: float = 0.0
+    serving_per_seq_s: float = 0.0
     notes: dict = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
@@ -43,22 +59,31 @@ class StepProfile:
             raise ValueError(f"combine must be sum or max, got {self.combine!r}")
         if self.num_blocks < 1 or self.block_size < 1:
             raise ValueError("num_blocks and block_size must be at least 1")
-        coefs = (self.base_s, self.per_prefill_token_s, self.per_decode_seq_s, self.mem_base_s, self.per_kv_token_s)
+        coefs = (self.base_s, self.per_prefill_token_s, self.per_decode_seq_s, self.mem_base_s, self.per_kv_token_s,
+                 self.request_s, self.per_prefill_attn_s, *self.request_s_quantiles, self.serving_step_s,
+                 self.serving_per_seq_s, *(t for *_, t in self.decode_table))
         if min(coefs) < 0 or not all(math.isfinite(c) for c in coefs):
             raise ValueError("step-time coefficients must be finite and >= 0")
 
-    def compute_s(self, prefill_tokens: int, decode_seqs: int) -> float:
-        return self.per_prefill_token_s * prefill_tokens + self.per_decode_seq_s * decode_seqs
+    def compute_s(self, prefill_tokens: int, decode_seqs: int, prefill_attn: int = 0) -> float:
+        return (self.per_prefill_token_s * prefill_tokens + self.per_decode_seq_s * decode_seqs
+                + self.per_prefill_attn_s * prefill_attn)
 
     def memory_s(self, kv_tokens: int) -> float:
         return self.mem_base_s + self.per_kv_token_s * kv_tokens
 
-    def step_s(self, prefill_tokens: int, decode_seqs: int, kv_tokens: int) -> float:
-        c, m = self.compute_s(prefill_tokens, decode_seqs), self.memory_s(kv_tokens)
-        return self.base_s + (c + m if self.combine == "sum" else max(c, m))
+    def step_s(self, prefill_tokens: int, decode_seqs: int, kv_tokens: int, prefill_attn: int = 0) -> float:
+        """prefill_attn: sum over the step's prefill chunks of query tokens x their mean context."""
+        serving = self.serving_step_s + self.serving_per_seq_s * decode_seqs
+        if prefill_tokens == 0 and self.decode_table:
+            return serving + _interpolate(self.decode_table, decode_seqs, kv_tokens / max(decode_seqs, 1))
+        c, m = self.compute_s(prefill_tokens, decode_seqs, prefill_attn), self.memory_s(kv_tokens)
+        return serving + self.base_s + (c + m if self.combine == "sum" else max(c, m))
 
     def decode_run_s(self, batch: int, kv_tokens: int, steps: int) -> list[float]:
         """Step times of `steps` decode steps of `batch` sequences, each step reading `batch` more KV tokens."""
+        if self.decode_table or self.serving_step_s or self.serving_per_seq_s:
+            return [self.step_s(0, batch, kv_tokens + i * batch) for i in range(steps)]
         c = self.compute_s(0, batch)
         out, kv = [], kv_tokens
         for _ in range(steps):
@@ -69,6 +94,24 @@ class StepProfile:
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(asdict(self), indent=2) + "\n")
+
+
+def _along(points: list[tuple[float, float]], x: float) -> float:
+    """Piecewise-linear through sorted (x, y) points, extended along the end segments."""
+    if len(points) == 1:
+        return points[0][1]
+    i = min(max(bisect_left([p[0] for p in points], x), 1), len(points) - 1)
+    (x0, y0), (x1, y1) = points[i - 1], points[i]
+    return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+
+
+def _interpolate(table: tuple[tuple[float, float, float], ...], batch: int, context: float) -> float:
+    """A decode step's time from measured ones: along the batch at each measured context, then between contexts."""
+    rows: dict[float, list[tuple[float, float]]] = {}
+    for b, ctx, t in table:
+        rows.setdefault(ctx, []).append((b, t))
+    at_ctx = sorted((ctx, _along(sorted(pts), batch)) for ctx, pts in rows.items())
+    return max(_along(at_ctx, context), min(t for *_, t in table) / 2)
 
 
 def load_profile(path: str | Path) -> StepProfile:

@@ -97,7 +97,7 @@ class SimReplica:
         for seq in out.preempted:
             self.requests[seq.seq_id].preemptions += 1
         prof = self.profile
-        prefill = decodes = kv = 0
+        prefill = decodes = kv = attn = 0
         all_decode = True
         for seq, n in out.scheduled:
             kv += seq.num_computed_tokens + n
@@ -105,6 +105,7 @@ class SimReplica:
                 decodes += 1
             else:
                 prefill += n
+                attn += n * (seq.num_computed_tokens + (n + 1) // 2)  # causal: the mean context
                 all_decode = False
         steps = 1
         if all_decode:
@@ -123,7 +124,7 @@ class SimReplica:
                             self.kv.allocate_slots(s, steps)
             times = prof.decode_run_s(decodes, kv, steps)
         else:
-            times = [prof.step_s(prefill, decodes, kv)]
+            times = [prof.step_s(prefill, decodes, kv, attn)]
             if prefill:
                 self.prefill_s += times[0] * prefill / (prefill + decodes)
         t, ends = now, []

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from argosy.sim.fleet import FleetSim
+from argosy.sim.profile import StepProfile
 
 PERCENTILES = (50, 90, 95, 99)
 
@@ -55,6 +56,16 @@ def gpu_prices(gpus: list[str], tier: str, provider: str | None, prices_path: st
         return None
 
 
+def request_overheads(profile: StepProfile, rids: list[int]) -> np.ndarray:
+    """What serving adds to each request's TTFT and E2E: a draw from the profile's measured spread, fixed per
+    request id (the same request gets the same draw in every run), or its single figure."""
+    q = profile.request_s_quantiles
+    if not q:
+        return np.full(len(rids), profile.request_s)
+    spread = (np.array(rids, dtype=np.int64) * 2654435761) % 2**32 % len(q)  # Knuth's multiplicative hash
+    return np.array(q)[spread]
+
+
 def summarize(sim: FleetSim, slo: SLO, warmup_s: float = 0.0, prices: dict[str, float] | None = None) -> dict:
     """The result dict. Requests arriving in the first `warmup_s` count for tokens and GPU time but not for
     latency (a week level is measured in steady state)."""
@@ -64,7 +75,7 @@ def summarize(sim: FleetSim, slo: SLO, warmup_s: float = 0.0, prices: dict[str, 
     arr = np.array([r.arrival_s for r in done])
     first = np.array([r.first_token_s for r in done])
     fin = np.array([r.finish_s for r in done])
-    extra = np.array([r.extra_latency_s for r in done])
+    extra = np.array([r.extra_latency_s for r in done]) + request_overheads(sim.profile, [r.rid for r in done])
     outs = np.array([r.output_tokens for r in done])
     ttft = first - arr + extra if len(done) else np.array([])
     e2e = fin - arr + extra if len(done) else np.array([])

@@ -2,7 +2,10 @@
 
 Each hour's mean rate (the traffic curve averaged over the hour) is rounded to a step of
 `level_step` x the peak; hours with the same rounded rate and the same failed regions share one
-simulation of `level_s` seconds at that constant rate (after `warmup_s` excluded from latencies).
+simulation of `level_s` seconds at that constant rate. In the first `warmup_s` (excluded from latencies)
+new replicas start at once, so the level is measured in the steady state the autoscaler reaches over the
+hours a diurnal curve takes; a failed region goes down when the warm-up ends, so its failover is measured
+with cold starts.
 GPU-hours and tokens scale by the hours each level stands for; latency percentiles are the
 hour-weighted mean of the levels' percentiles, attainment the request-weighted mean.
 """
@@ -83,14 +86,18 @@ def weigh(results: list[tuple[Level, dict]], spec: TrafficSpec, level_s: float, 
 
 
 def plan_week(model: ModelConfig, profile: StepProfile, spec: TrafficSpec, slo: SLO, *, settings: SimSettings,
-              level_s: float = 120.0, warmup_s: float = 30.0, level_step: float = 0.05,
+              level_s: float = 60.0, warmup_s: float = 20.0, level_step: float = 0.05,
               progress: Callable[[str], None] = print) -> dict:
     levels = hourly_levels(spec, level_step)
+    # Sample the level's own timeline (the caller's resolution suits the whole week), and let the warm-up
+    # bring the fleet to this level's steady state: the diurnal curve changes over hours, not seconds.
+    settings = replace(settings, sample_s=min(settings.sample_s, level_s / 120), instant_start_until_s=warmup_s)
     progress(f"week: {HOURS} hours -> {len(levels)} distinct load levels of {level_s:g} s each")
     results = []
     for i, lv in enumerate(levels, 1):
-        # A constant rate; the failure covers the whole level so it is simulated in that state.
-        fails = [Failure(region=r, at_s=0.0, duration_s=level_s * 10) for r in lv.down]
+        # A constant rate. A failed region goes down when the warm-up ends, so the level measures the
+        # failover itself: the other regions' autoscalers catch up with cold starts, as they would.
+        fails = [Failure(region=r, at_s=warmup_s, duration_s=level_s * 10) for r in lv.down]
         sub = spec.model_copy(update={"duration_s": level_s, "rate": lv.rate, "diurnal": None, "weekly": None,
                                       "spikes": [], "start_s": 0.0, "failures": fails, "trace": None,
                                       "seed": spec.seed + i})
