@@ -15,12 +15,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -30,25 +27,6 @@ from common import checkpoint  # noqa: E402
 
 ENGINE_FLAGS = ["--device", "cpu", "--max-num-seqs", "32", "--max-num-batched-tokens", "512",
                 "--kv-cache-memory", "0.5"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float = 120.0) -> None:
-    deadline = time.time() + timeout_s
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError("the engine exited before it was healthy")
-        try:
-            with urllib.request.urlopen(url + "/ready", timeout=2):
-                return
-        except OSError:
-            time.sleep(0.5)
-    raise RuntimeError("the engine did not become healthy in time")
 
 
 def measured_figures(records: list[dict]) -> dict:
@@ -77,17 +55,17 @@ def main() -> int:
     ap.add_argument("--size", default=None, help="a random checkpoint of this preset (tiny, small, 125m)")
     args = ap.parse_args()
     from argosy.config import ModelConfig
-    from argosy.sim.fleet import FleetSim, SimSettings
-    from argosy.sim.measure import measure_profile
-    from argosy.sim.measure_serving import measure_serving
-    from argosy.sim.results import SLO, summarize
-    from argosy.sim.traffic import TrafficSpec, make_requests
 
     # The built-in model by default: trained, so its greedy tokens are English text and every token
     # reaches the client in its own chunk. A random model samples byte tokens that are parts of UTF-8
     # characters; the server holds those back until the character is whole, so the client's first
     # chunk (its TTFT) can come several tokens after the engine's first token.
     from argosy.models.builtin import BUILTIN_MODEL_DIR
+    from argosy.sim.fleet import FleetSim, SimSettings
+    from argosy.sim.measure import measure_profile
+    from argosy.sim.measure_serving import free_port, measure_serving, wait_ready
+    from argosy.sim.results import SLO, summarize
+    from argosy.sim.traffic import TrafficSpec, make_requests
 
     ckpt = args.model or (checkpoint(args.size, vocab_size=512) if args.size else str(BUILTIN_MODEL_DIR))
     print("1/3 profiling the engine on this CPU ...", flush=True)
@@ -104,7 +82,7 @@ def main() -> int:
     proc = subprocess.Popen([sys.executable, "-m", "argosy.cli", "engine", "--model", ckpt, "--port", str(port),
                              *ENGINE_FLAGS], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        wait_healthy(url, proc)
+        wait_ready(url, proc)
         subprocess.run([sys.executable, "-m", "argosy.cli", "bench", "--url", url, "--rate", str(args.rate),
                         "--num-requests", str(args.num_requests), "--prompt-tokens", str(args.prompt_tokens),
                         "--output-tokens", str(args.output_tokens), "--seed", "1", "-o", str(tmp / "bench.json")],

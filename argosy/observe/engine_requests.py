@@ -15,7 +15,7 @@ import logging
 import time
 from typing import Any
 
-from argosy.observe.logs import ACCESS, bind_request, request_id_from, trace_id_from, unbind_request
+from argosy.observe.logs import ACCESS, bind_request, request_headers, trace_id_from, unbind_request
 from argosy.observe.tracing import Tracing, record_engine_spans
 
 GENERATION_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
@@ -37,13 +37,7 @@ class EngineRequestContext:
         if scope["type"] != "http" or scope["path"] not in GENERATION_PATHS:
             return await self.app(scope, receive, send)
         t0 = time.monotonic()
-        rid_header = parent = None
-        for k, v in scope["headers"]:
-            if k == b"x-request-id":
-                rid_header = v
-            elif k == b"traceparent":
-                parent = v
-        rid = request_id_from(rid_header)
+        rid, parent = request_headers(scope)
         trace = None
         if self.tracing is not None:
             trace = self.tracing.start_request(f"POST {scope['path']}", parent, {

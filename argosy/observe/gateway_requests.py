@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from argosy.observe.logs import ACCESS, bind_request, request_id_from, trace_id_from, unbind_request
+from argosy.observe.logs import ACCESS, bind_request, request_headers, trace_id_from, unbind_request
 from argosy.observe.tracing import RequestTrace, Tracing
 
 
@@ -32,13 +32,7 @@ class GatewayRequest:
 async def serve_request(tracing: Tracing | None, scope, path: str,
                         handle: Callable[[GatewayRequest], Awaitable[None]]) -> None:
     t0 = time.monotonic()
-    rid_header = parent = None
-    for k, v in scope["headers"]:
-        if k == b"x-request-id":
-            rid_header = v
-        elif k == b"traceparent":
-            parent = v
-    rid = request_id_from(rid_header)
+    rid, parent = request_headers(scope)
     headers = {"content-type": "application/json", "x-request-id": rid}
     trace = None
     if tracing is not None:

@@ -60,6 +60,17 @@ def request_id_from(header: bytes | None) -> str:
     return uuid.uuid4().hex
 
 
+def request_headers(scope) -> tuple[str, bytes | None]:
+    """An ASGI request's id (see request_id_from) and its raw W3C traceparent header, if any."""
+    rid_header = parent = None
+    for k, v in scope["headers"]:
+        if k == b"x-request-id":
+            rid_header = v
+        elif k == b"traceparent":
+            parent = v
+    return request_id_from(rid_header), parent
+
+
 def trace_id_from(traceparent: bytes | None) -> str | None:
     """The trace id of a W3C traceparent (`00-<32 hex>-<16 hex>-<2 hex>`), for logs when tracing is off."""
     if traceparent and len(traceparent) >= 55 and traceparent[2:3] == b"-":

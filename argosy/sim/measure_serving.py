@@ -35,13 +35,13 @@ from argosy.sim.profile import StepProfile
 BURSTS = (1, 4, 16, 32, 64)
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-def _wait_ready(url: str, proc: subprocess.Popen, timeout_s: float = 180.0) -> None:
+def wait_ready(url: str, proc: subprocess.Popen, timeout_s: float = 180.0) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -72,7 +72,7 @@ def measure_serving(model: str, prof: StepProfile, *, max_num_seqs: int, token_b
                     kv_cache_memory_gib: float, prompt_tokens: int = 128, output_tokens: int = 64,
                     repeats: int = 2, lone_requests: int = 30, log: Callable[[str], None] = print) -> StepProfile:
     """`prof` (from measure_profile on the same checkpoint and limits) with the serving overheads added."""
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     proc = subprocess.Popen([sys.executable, "-m", "argosy.cli", "engine", "--model", model, "--port", str(port),
                              "--device", "cpu", "--max-num-seqs", str(max_num_seqs), "--max-num-batched-tokens",
@@ -81,7 +81,7 @@ def measure_serving(model: str, prof: StepProfile, *, max_num_seqs: int, token_b
     excess: list[tuple[int, float]] = []  # (batch, served step - predicted step)
     ttft_over: list[float] = []
     try:
-        _wait_ready(url, proc)
+        wait_ready(url, proc)
         with tempfile.TemporaryDirectory(prefix="argosy-serving-") as tmp:
             for c in [b for b in BURSTS if b <= max_num_seqs]:
                 for k in range(repeats + 1):
