@@ -122,18 +122,19 @@ def test_week_levels_and_their_weights():
     assert sum(len(lv.hours) for lv in levels) == HOURS
     assert sorted((lv.rate, lv.down, len(lv.hours)) for lv in levels) == [
         (50.0, (), 48), (100.0, (), 119), (100.0, ("b",), 1)]
-    fake = lambda gpu_h, tin, ttft: {  # noqa: E731
+    fake = lambda gpu_h, tin, ttft, busy=1.0: {  # noqa: E731
         "gpu_hours": {"H100": gpu_h}, "input_tokens": tin, "output_tokens": tin // 2,
-        "token_time_split": {"input": 0.5, "output": 0.5}, "gpu_busy_share": 1.0, "max_replicas": 1,
+        "token_time_split": {"input": 0.5, "output": 0.5}, "gpu_busy_share": busy, "max_replicas": 1,
         "requests": {"completed": 10, "failed": 0}, "slo": {"attainment": 1.0},
         "ttft_s": {"p50": ttft, "p90": ttft, "p99": ttft}, "tpot_s": {"p50": 0.01, "p90": 0.01, "p99": 0.01},
         "e2e_s": {"p50": 1.0, "p90": 1.0, "p99": 1.0}}
-    week = weigh([(levels[0], fake(0.1, 1000, 0.2)), (levels[1], fake(0.2, 2000, 0.4)),
+    week = weigh([(levels[0], fake(0.1, 1000, 0.2)), (levels[1], fake(0.2, 2000, 0.4, busy=0.5)),
                   (levels[2], fake(0.1, 1000, 1.0))], spec, level_s=360.0, warmup_s=0.0)
     # a 360 s level stands for 10x its hours: 48 h -> 480 copies of 0.1 GPU-h, 119 h -> 1190 of 0.2, 1 h -> 10 of 0.1
     assert week["gpu_hours"]["H100"] == pytest.approx(48 + 238 + 1)
     assert week["input_tokens"] == 480 * 1000 + 1190 * 2000 + 10 * 1000
     assert week["ttft_s"]["p99"] == pytest.approx((48 * 0.2 + 119 * 0.4 + 1 * 1.0) / 168)
+    assert week["gpu_busy_share"] == pytest.approx((48 + 238 * 0.5 + 1) / 287, abs=1e-6)  # busy GPU-h / GPU-h
 
 
 def test_sim_cli_writes_the_result_keys_the_cost_estimator_reads(tmp_path, capsys):

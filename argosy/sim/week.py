@@ -73,6 +73,7 @@ def weigh(results: list[tuple[Level, dict]], spec: TrafficSpec, level_s: float, 
         "input_tokens": int(tokens_in),
         "output_tokens": int(tokens_out),
         "token_time_split": {"input": round(split_in, 6), "output": round(1 - split_in, 6)},
+        "gpu_busy_share": round(busy / sum(gpu.values()), 6) if sum(gpu.values()) else 0.0,
         "levels": [{"rate_rps": lv.rate, "down": list(lv.down), "hours": len(lv.hours), "hours_of_week": lv.hours,
                     "replicas": r["max_replicas"], "ttft_p99_s": r["ttft_s"]["p99"], "tpot_p99_s": r["tpot_s"]["p99"],
                     "attainment": r["slo"]["attainment"], "gpu_hours_per_hour": sum(r["gpu_hours"].values())
