@@ -1,13 +1,17 @@
 """What a router adds on top of the same fast upstream, in one run: direct, the Argosy gateway,
 vllm-router, sglang-router and LiteLLM's proxy.
 
-For each: latency at a fixed open-loop rate (default 200 req/s; added p50/p99 = its percentiles minus
-direct's), then the highest rate it sustains (closed loop, `--concurrency` clients, successful req/s).
+For each: latency at a fixed open-loop rate (default 200 req/s), then the highest rate it sustains
+(closed loop, `--concurrency` clients, successful req/s). The latency runs take turns in `--rounds`
+rounds (direct, argosy, vllm-router, sglang-router, then again), so that a shared machine's speed,
+which drifts over minutes, weighs on every target alike: added p50/p99 is the median over rounds of
+a target's percentile minus direct's in the same round. LiteLLM, which falls behind at this rate and
+stays busy draining its queue, is measured after the others.
 The upstream is tests/gateway_fixtures.py: it answers far faster than any engine, so the router is
 what is measured. Peers run from their own venvs (see /work/shared/PEERS.md); a missing one is
 reported as skipped. Targets: added p50 <= 1 ms, p99 <= 5 ms at 200 req/s; >= 3x LiteLLM's rate.
 
-  python bench/gateway_overhead.py [--rate 200] [--seconds 10] [--peers-dir /tmp/peers]
+  python bench/gateway_overhead.py [--rate 200] [--seconds 10] [--rounds 5] [--peers-dir /tmp/peers]
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import asyncio
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -164,7 +169,8 @@ def start_peers(args, up_url: str, tmp: Path) -> list[Peer]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rate", type=float, default=200)
-    ap.add_argument("--seconds", type=float, default=10)
+    ap.add_argument("--seconds", type=float, default=10, help="of latency per target, over all rounds")
+    ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--concurrency", type=int, default=32)
     ap.add_argument("--peers-dir", default=os.environ.get("ARGOSY_PEERS_DIR", "/tmp/peers"))
     ap.add_argument("--no-peers", action="store_true")
@@ -183,10 +189,20 @@ def main() -> None:
                         targets.append((p.name, p.url, p.headers))
                     else:
                         print(f"{p.name}: did not start; skipped", file=sys.stderr)
+            turns = [t for t in targets if t[0] != "litellm"]
+            rounds = {name: [] for name, *_ in targets}
+            for k in range(args.rounds):
+                for name, url, hdr in turns:
+                    rounds[name].append(asyncio.run(fixed_rate(url, hdr, args.rate, args.seconds / args.rounds)))
+                print(f"latency round {k + 1}/{args.rounds} done", file=sys.stderr)
             for name, url, hdr in targets:
-                lat, err = asyncio.run(fixed_rate(url, hdr, args.rate, args.seconds))
+                if name == "litellm":
+                    rounds[name] = [asyncio.run(fixed_rate(url, hdr, args.rate, args.seconds))]
+                lat = [x for r, _ in rounds[name] for x in r]
                 mx = asyncio.run(max_rate(url, hdr, args.concurrency, args.seconds / 2))
-                results[name] = {"p50_ms": pct(lat, .5), "p99_ms": pct(lat, .99), "errors": err, "max_rps": mx}
+                results[name] = {"p50_ms": pct(lat, .5), "p99_ms": pct(lat, .99),
+                                 "errors": sum(e for _, e in rounds[name]), "max_rps": mx,
+                                 "rounds": [(pct(r, .5), pct(r, .99)) for r, _ in rounds[name]]}
                 print(f"measured {name}", file=sys.stderr)
         finally:
             for p in peers:
@@ -199,7 +215,11 @@ def main() -> None:
           f"{args.concurrency} (2-core machine: load generator, router and upstream share it)")
     print(f"{'target':<14}{'p50 ms':>9}{'p99 ms':>9}{'added p50':>11}{'added p99':>11}{'errors':>8}{'max req/s':>11}")
     for name, r in results.items():
-        r["added_p50_ms"], r["added_p99_ms"] = r["p50_ms"] - d["p50_ms"], r["p99_ms"] - d["p99_ms"]
+        if len(r["rounds"]) == len(d["rounds"]):  # paired with direct's rounds
+            r["added_p50_ms"], r["added_p99_ms"] = (
+                statistics.median(a[i] - b[i] for a, b in zip(r["rounds"], d["rounds"], strict=True)) for i in (0, 1))
+        else:
+            r["added_p50_ms"], r["added_p99_ms"] = r["p50_ms"] - d["p50_ms"], r["p99_ms"] - d["p99_ms"]
         print(f"{name:<14}{r['p50_ms']:9.2f}{r['p99_ms']:9.2f}{r['added_p50_ms']:11.2f}{r['added_p99_ms']:11.2f}"
               f"{r['errors']:8d}{r['max_rps']:11.0f}")
     a = results["argosy"]

@@ -6,11 +6,13 @@
 2. Server: `python -m argosy.server` with the same engine settings, --concurrency client streams
    (aiohttp, streaming /v1/completions with the prompt as token ids) each sending the next request as
    soon as its previous one ends. Output tokens/s of both, and server / offline (target >= 90%).
-3. llama.cpp: the same HTTP workload (as text; not streamed, so that both servers' usage counts the
-   tokens: on a random-weight model most of llama.cpp's tokens decode to no text, which a streamed
-   count would miss) at --peer-concurrency concurrent requests against argosy and against
-   `python -m llama_cpp.server` from the venv named by --llamacpp-python, on the same weights in GGUF
-   (converted here unless --gguf is given); skipped (saying how to set it up) when it is not installed.
+3. llama.cpp: the same HTTP workload (as text) at --peer-concurrency concurrent streams against argosy
+   and against `python -m llama_cpp.server` from the venv named by --llamacpp-python, on the same
+   weights in GGUF (converted here unless --gguf is given); skipped (saying how to set it up) when it
+   is not installed. Streamed, as the issue's workload is, and then once more not streamed (each
+   server's `usage` counts the tokens) for comparison. A streamed request's tokens: argosy's usage
+   event; llama.cpp sends no usage, and on a random-weight model many of its tokens decode to no text,
+   so with EOS suppressed a request that ends with finish_reason "length" counts its max_tokens.
 
 Greedy, ignore_eos (llama.cpp: EOS suppressed with logit_bias), seeded lengths; only output tokens count.
 The client shares the machine with the server: on a small CPU box its work shows in the server figure.
@@ -98,7 +100,7 @@ async def drive(base_url: str, items: list[dict], concurrency: int, label: str) 
         nonlocal done, tokens
         while not queue.empty():
             body = queue.get_nowait()
-            chunks, usage = 0, None
+            chunks, usage, by_length = 0, None, False
             async with session.post(base_url + "/completions", json=body) as resp:
                 if resp.status != 200:
                     raise RuntimeError(f"{label}: HTTP {resp.status}: {await resp.text()}")
@@ -110,9 +112,12 @@ async def drive(base_url: str, items: list[dict], concurrency: int, label: str) 
                     # Parse only the usage event: on a small box the client's CPU time is the server's loss.
                     if line.startswith(b'data: {"id"') and b'"choices":[]' in line and b'"usage":{' in line:
                         usage = json.loads(line[6:])["usage"]["completion_tokens"]
-                    elif line.startswith(b"data: {") and b'"text":""' not in line:
+                    elif line.startswith(b"data: {"):
                         chunks += 1
-            tokens += usage if usage is not None else chunks  # llama.cpp sends one token per chunk, no usage
+                        by_length = by_length or b'"length"' in line  # the finish_reason (text is escaped)
+            if usage is None and not by_length:
+                raise RuntimeError(f"{label}: a stream ended with neither usage nor finish_reason length")
+            tokens += usage if usage is not None else body["max_tokens"]
             done += 1
 
     async def report() -> None:
@@ -172,26 +177,34 @@ def peer_comparison(path: str, work, args) -> None:
     texts = [" ".join(words[i % len(words)] for i in range(len(p))) for p, _ in work]
     print(f"prompt tokens (of the text prompts): argosy {sum(len(tok.encode(t)) for t in texts)}", flush=True)
     eos = {str(i): -100 for i in tok.eos_token_ids}
-    proc, url = argosy_server(path, args, args.peer_concurrency)
+    n = args.peer_concurrency
+    proc, url = argosy_server(path, args, n)
+    ours = {}
     try:
-        ours = asyncio.run(drive(url, http_items(work, texts, "bench", None, stream=False), args.peer_concurrency,
-                                 f"argosy server, {args.peer_concurrency} streams"))
+        for stream in (True, False):
+            ours[stream] = asyncio.run(drive(url, http_items(work, texts, "bench", None, stream=stream), n,
+                                             f"argosy server, {n} {'streams' if stream else 'requests'}"))
     finally:
         stop(proc)
     port = free_port()
     cmd = [args.llamacpp_python, "-m", "llama_cpp.server", "--model", gguf, "--host", "127.0.0.1", "--port", str(port),
            "--n_ctx", "4096", "--model_alias", "bench", "--n_threads", str(os.cpu_count()),
-           *args.peer_args.split()]
+           # By default a waiting request interrupts the one being streamed (it ends early, without a
+           # finish_reason): with concurrent streams, every request must be served in full.
+           "--interrupt_requests", "False", *args.peer_args.split()]
     print("starting llama_cpp.server ...", flush=True)
     proc = start_server(cmd, f"http://127.0.0.1:{port}/v1/models", Path(args.log_dir) / "llama-cpp-server.log")
+    peer = {}
     try:
-        peer = asyncio.run(drive(f"http://127.0.0.1:{port}/v1", http_items(work, texts, "bench", eos, stream=False),
-                                 args.peer_concurrency, f"llama.cpp server, {args.peer_concurrency} streams"))
+        for stream in (True, False):
+            peer[stream] = asyncio.run(drive(f"http://127.0.0.1:{port}/v1", http_items(work, texts, "bench", eos,
+                                                                                       stream=stream),
+                                             n, f"llama.cpp server, {n} {'streams' if stream else 'requests'}"))
     finally:
         stop(proc)
-    print(f"argosy server ({args.peer_concurrency} streams):    {ours:8.1f} output tok/s")
-    print(f"llama.cpp server ({args.peer_concurrency} streams): {peer:8.1f} output tok/s")
-    print(f"ratio argosy / llama.cpp: {ours / peer:.2f}x")
+    print(f"\n{n} concurrent            argosy server   llama.cpp server   ratio")
+    for stream, label in ((True, "streamed (target >= 5x)"), (False, "not streamed")):
+        print(f"{label:<24}{ours[stream]:>10.1f} tok/s{peer[stream]:>13.1f} tok/s{ours[stream] / peer[stream]:>8.2f}x")
 
 
 def main() -> None:

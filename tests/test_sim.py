@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -189,7 +190,10 @@ def test_profile_measures_the_engine_and_a_served_replica_then_sim_reads_it(tmp_
     obs = prof.notes["observations"]
     assert len(obs) >= 10 and all(t > 0 for *_, t in obs)
     serving = prof.notes["serving"]
-    assert sorted({b for b, _ in serving["observations"]}) == [1, 4]  # one burst size per batch measured
+    assert sorted(serving["observations"]) == ["1", "4"]  # the burst sizes up to max_num_seqs
+    assert len(serving["observations"]["1"]) > 30  # a burst of one per repeat, and every lone request
+    assert [b for b, _ in prof.serving_table] == sorted(b for b, _ in prof.serving_table)
+    assert prof.serving_table[0][0] == 1 and 1 < prof.serving_table[-1][0] <= 4  # the mean batch decoded in
     assert prof.request_s == serving["request_s"] >= 0
     assert len(prof.request_s_quantiles) == 20 and list(prof.request_s_quantiles) == sorted(prof.request_s_quantiles)
     traffic = tmp_path / "t.yaml"
@@ -199,3 +203,35 @@ def test_profile_measures_the_engine_and_a_served_replica_then_sim_reads_it(tmp_
     r = json.loads(res.read_text())
     assert r["requests"]["completed"] > 0
     assert r["ttft_s"]["p50"] >= prof.request_s  # every request pays the serving overhead
+
+
+def test_serving_table_is_read_by_batch_and_a_burst_counts_the_batch_it_decoded_in():
+    from argosy.sim.measure_serving import _served_step
+
+    base = constant_profile(0.010)
+    prof = dataclasses.replace(base, serving_table=((1.0, 0.002), (4.0, -0.001)))
+    assert prof.step_s(0, 1, 100) == pytest.approx(0.012)
+    assert prof.step_s(0, 2, 100) == pytest.approx(0.011)  # between the measured batches
+    assert prof.step_s(0, 16, 100) == pytest.approx(0.009)  # flat beyond them; negative corrects a slow sweep
+    assert prof.step_s(32, 0, 32) == pytest.approx(0.012)  # a prefill-only step takes the batch-1 figure
+    with pytest.raises(ValueError, match="serving_table"):
+        dataclasses.replace(base, serving_table=((1.0, float("nan")),))
+    # Three requests: the last decodes from 1.0 s to 2.0 s; one other decodes beside it until 1.5 s, one
+    # ended before it started: it decoded at a mean batch of 1.5, not 3.
+    recs = [{"sent_s": 0.0, "ttft_s": 0.2, "e2e_s": 1.5, "prompt_tokens": 8, "output_tokens": 11},
+            {"sent_s": 0.0, "ttft_s": 0.1, "e2e_s": 0.9, "prompt_tokens": 8, "output_tokens": 11},
+            {"sent_s": 0.0, "ttft_s": 1.0, "e2e_s": 2.0, "prompt_tokens": 8, "output_tokens": 11}]
+    batch, excess = _served_step(recs, base)
+    assert batch == pytest.approx(1.5)
+    assert excess == pytest.approx(0.1 - 0.010)  # 1 s over 10 tokens, less the profile's step
+
+
+def test_prefill_and_mixed_steps_read_the_measured_tables():
+    # Decode steps: 4 ms fixed + 1 ms a sequence (at both contexts); prefills: 10 ms at 100 tokens, 30 at 300.
+    table = tuple((b, ctx, 0.004 + 0.001 * b) for ctx in (32, 256) for b in (1, 2, 4))
+    prof = dataclasses.replace(constant_profile(0.5), decode_table=table, prefill_table=((100, 0.010), (300, 0.030)))
+    assert prof.step_s(200, 0, 200) == pytest.approx(0.020)  # between the measured prefills, not the 0.5 s line
+    assert prof.step_s(0, 2, 128) == pytest.approx(0.006)
+    # A prefill with two decodes beside it: the decodes add their 2 ms, not their step's 4 ms fixed cost again.
+    assert prof.step_s(100, 2, 100 + 2 * 64) == pytest.approx(0.012)
+    assert prof.step_s(1, 0, 1) == pytest.approx(0.005)  # never below half the smallest measured prefill

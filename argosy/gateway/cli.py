@@ -98,8 +98,11 @@ def serve_on(app, fleet, sock: socket.socket) -> int:
 
     tls = fleet.gateway.tls
     # log_config=None: uvicorn's own loggers go through the root handler (JSON or text, as chosen).
+    # proxy_headers=False: the gateway is the front door and trusts no X-Forwarded-* header (and skips
+    # that middleware's work on every request).
     cfg = uvicorn.Config(app, lifespan="on", access_log=False, log_level="warning", ssl_certfile=tls.cert,
-                         ssl_keyfile=tls.key, timeout_graceful_shutdown=5, log_config=None)
+                         ssl_keyfile=tls.key, timeout_graceful_shutdown=5, log_config=None, proxy_headers=False,
+                         server_header=False)
     uvicorn.Server(cfg).run(sockets=[sock])
     return 0
 

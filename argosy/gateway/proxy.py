@@ -22,6 +22,7 @@ from argosy.gateway.guardrails import Blocked
 from argosy.gateway.health import Upstream
 from argosy.gateway.router import Router, RouteRequest
 from argosy.gateway.stream import StreamFilter, rewrite_full
+from argosy.gateway.upstream_client import UpstreamClient
 from argosy.observe.tracing import mark_first_token, set_http_status
 
 log = logging.getLogger("argosy.gateway")
@@ -60,8 +61,9 @@ def stream_error(message: str, code: str) -> bytes:
 
 class Proxy:
     def __init__(self, session: aiohttp.ClientSession, metrics, max_retries: int, retry_budget: float,
-                 retry_after: float):
+                 retry_after: float, client: UpstreamClient | None = None):
         self.session, self.m = session, metrics
+        self.client = client  # http:// upstreams; https:// ones go through aiohttp's session
         self.max_retries, self.retry_rate = max_retries, retry_budget
         self.budget = 10.0  # retry tokens: each request adds retry_rate (capped), each retry spends 1
         self.retry_after = retry_after
@@ -116,7 +118,10 @@ class Proxy:
     async def _attempt(self, call: Call, u: Upstream, send, disconnected, span=None) -> bool:
         """True when the user got an answer; False to retry elsewhere (nothing was sent yet)."""
         headers = call.headers if span is None else call.trace.inject(span, call.headers)
-        resp = await self.session.post(u.url + call.path, data=call.body, headers=headers)
+        if self.client is not None and u.url.startswith("http://"):
+            resp = await self.client.post(u.url + call.path, call.body, headers)
+        else:
+            resp = await self.session.post(u.url + call.path, data=call.body, headers=headers)
         if span is not None:
             set_http_status(span, resp.status)
         rid = [(b"x-request-id", call.request_id.encode())] if call.request_id else []

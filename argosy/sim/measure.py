@@ -98,23 +98,30 @@ def measure_profile(model: str, *, max_num_seqs: int = 64, token_budget: int = 5
     table: list[tuple[float, float, float]] = []  # decode-only steps: batch, context, median seconds
     longest = min(token_budget, engine.max_model_len - 1)  # a prompt leaves room for one token
     prefill_sizes = sorted({s for s in (16, 64, 128, 256, longest // 2, longest) if s <= longest})
+    prefills: list[tuple[float, float]] = []  # prefill-only steps from an empty context: tokens, median seconds
     for p in prefill_sizes:
         times = []
-        for _ in range(repeats):
+        for _ in range(2 * repeats):
             probe.add(p, 1)
             times.append(probe.timed_step())
             probe.clear()
         obs.append((p, 0, p, p * (p + 1) // 2, statistics.median(times)))
+        prefills.append((p, statistics.median(times)))
     log(f"prefill sweep: {len(prefill_sizes)} sizes up to {longest} tokens")
     batches = sorted({b for b in (1, 2, 4, 8, 16, 32, 64, 128) if b <= max_num_seqs})
     for ctx in (32, min(256, engine.max_model_len // 2)):
         for b in batches:
+            # Only batches whose sequences all fit in the KV cache through the timed steps: beyond that the
+            # engine preempts, and the step would time recomputed prefills (the sim preempts on its own).
+            if b * -(-(ctx + 3 * repeats + 2) // cfg.block_size) > engine.kv.num_blocks:
+                log(f"decode sweep: batch {b} at {ctx} tokens of context does not fit the KV cache; not timed")
+                continue
             for _ in range(b):
                 probe.add(ctx, engine.max_model_len - ctx)
             while any(s.num_output_tokens == 0 for s in engine.scheduler.running) or len(engine.scheduler.waiting):
                 engine.step()
             times = []
-            for k in range(repeats + 1):
+            for k in range(3 * repeats + 1):  # decode steps are short and cheap: time more of them
                 kv = sum(s.num_tokens for s in engine.scheduler.running)
                 t = probe.timed_step()
                 if k:  # the first decode step after the prefills is a warm-up
@@ -142,7 +149,7 @@ def measure_profile(model: str, *, max_num_seqs: int = 64, token_budget: int = 5
     return StepProfile(
         name=f"{model} on this CPU (measured)", gpu="cpu", source="measured", combine="sum", base_s=base,
         per_prefill_token_s=per_tok, per_decode_seq_s=per_seq, mem_base_s=0.0, per_kv_token_s=per_kv,
-        per_prefill_attn_s=per_attn, decode_table=tuple(table),
+        per_prefill_attn_s=per_attn, decode_table=tuple(table), prefill_table=tuple(prefills),
         num_blocks=engine.kv.num_blocks, block_size=cfg.block_size, cold_start_s=cold_start,
         notes={"max_num_seqs": max_num_seqs, "token_budget": token_budget, "fit_mean_rel_error": err,
                "fit_outliers": outliers,

@@ -5,13 +5,15 @@ tokenization and the first SSE chunk (before and after the engine's queue), and 
 of outputs to the event loop and one SSE chunk per sequence, which share the GIL with the engine
 thread. Both are measured here, on the replica a user would run, with `argosy bench`:
 
-- bursts of c requests at once (c = 1, 4, 16, ...): after the prefills, every step decodes c
-  sequences, so the time per output token of the burst's last-served request is one served decode
-  step at batch c. Its excess over the profile's prediction, fitted as `a + b * c`, is the
-  profile's `serving_step_s` and `serving_per_seq_s`;
-- the time to first token of lone requests (one after the other), less the profile's prefill step,
-  is what a request pays outside the engine: its median is `request_s`, and its spread (20
-  quantiles) is what the sim draws from for each request's TTFT and end-to-end latency.
+- bursts of c requests at once (c = 1, 4, 16, ...): the burst's last-served request decodes after
+  every prefill of the burst, beside the others until they finish (they started earlier, so they end
+  earlier). Its time per output token, against the profile's step at the mean batch it actually
+  decoded in (from the others' decode windows), is what serving adds per step at that batch;
+- lone requests (one after the other) add many samples at batch 1, the batch of light traffic.
+  The medians by burst size are the profile's `serving_table`;
+- the time to first token of the lone requests, less the profile's prefill step, is what a request
+  pays outside the engine: its median is `request_s`, and its spread (20 quantiles) is what the sim
+  draws from for each request's TTFT and end-to-end latency.
 """
 
 from __future__ import annotations
@@ -68,9 +70,24 @@ def _bench(url: str, load: list[str], n: int, prompt_tokens: int, output_tokens:
     return ok
 
 
+def _decode_window(r: dict) -> tuple[float, float]:
+    return r["sent_s"] + r["ttft_s"], r["sent_s"] + r["e2e_s"]
+
+
+def _served_step(recs: list[dict], prof: StepProfile) -> tuple[float, float]:
+    """(mean decode batch, served step - the profile's step at that batch) for a burst's last-served request."""
+    last = max(recs, key=lambda r: r["sent_s"] + r["ttft_s"])
+    t0, t1 = _decode_window(last)
+    others = sum(max(0.0, min(t1, b) - max(t0, a)) for a, b in map(_decode_window, recs) if a < t1 and b > t0)
+    batch = others / (t1 - t0)  # time-weighted, the last request included (its own window counts fully)
+    tpot = (last["e2e_s"] - last["ttft_s"]) / (last["output_tokens"] - 1)
+    kv = batch * (last["prompt_tokens"] + last["output_tokens"] / 2)
+    return batch, tpot - prof.step_s(0, batch, int(kv))
+
+
 def measure_serving(model: str, prof: StepProfile, *, max_num_seqs: int, token_budget: int,
                     kv_cache_memory_gib: float, prompt_tokens: int = 128, output_tokens: int = 64,
-                    repeats: int = 2, lone_requests: int = 30, log: Callable[[str], None] = print) -> StepProfile:
+                    repeats: int = 3, lone_requests: int = 30, log: Callable[[str], None] = print) -> StepProfile:
     """`prof` (from measure_profile on the same checkpoint and limits) with the serving overheads added."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -78,42 +95,53 @@ def measure_serving(model: str, prof: StepProfile, *, max_num_seqs: int, token_b
                              "--device", "cpu", "--max-num-seqs", str(max_num_seqs), "--max-num-batched-tokens",
                              str(token_budget), "--kv-cache-memory", str(kv_cache_memory_gib)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    excess: list[tuple[int, float]] = []  # (batch, served step - predicted step)
-    ttft_over: list[float] = []
+    groups: dict[int, list[tuple[float, float]]] = {}  # burst size -> (mean decode batch, excess) samples
     try:
         wait_ready(url, proc)
         with tempfile.TemporaryDirectory(prefix="argosy-serving-") as tmp:
             for c in [b for b in BURSTS if b <= max_num_seqs]:
                 for k in range(repeats + 1):
                     recs = _bench(url, ["--rate", "inf"], c, prompt_tokens, output_tokens, Path(tmp) / f"b{c}-{k}.json")
-                    if k == 0:
-                        continue  # warm-up
-                    last = max(recs, key=lambda r: r["ttft_s"])  # decodes after every prefill of the burst
-                    tpot = (last["e2e_s"] - last["ttft_s"]) / (last["output_tokens"] - 1)
-                    kv = sum(r["prompt_tokens"] + r["output_tokens"] / 2 for r in recs)
-                    excess.append((c, tpot - prof.step_s(0, c, int(kv))))
-                median = statistics.median(e for b, e in excess if b == c)
-                log(f"served decode steps at batch {c}: {1e3 * median:+.2f} ms beside the engine's own")
+                    if k:  # the first burst of each size is a warm-up
+                        groups.setdefault(c, []).append(_served_step(recs, prof))
+                batch, excess = (statistics.median(v) for v in zip(*groups[c], strict=True))
+                log(f"served decode steps at batch {batch:.1f}: {1e3 * excess:+.2f} ms beside the engine's own")
             # Lone requests one after the other: what a request pays outside the engine, and how it spreads.
-            for r in _bench(url, ["--concurrency", "1"], lone_requests, prompt_tokens, output_tokens,
-                            Path(tmp) / "lone.json"):
-                p = r["prompt_tokens"]
-                ttft_over.append(max(r["ttft_s"] - prof.step_s(p, 0, p, p * (p + 1) // 2), 0.0))
+            lone = _bench(url, ["--concurrency", "1"], lone_requests, prompt_tokens, output_tokens,
+                          Path(tmp) / "lone.json")
+            groups.setdefault(1, []).extend(_served_step([r], prof) for r in lone)
     finally:
         proc.terminate()
         try:
             proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
             proc.kill()
-    x = np.array([[1.0, c] for c, _ in excess])
-    y = np.array([e for _, e in excess])
-    a, b = (max(float(v), 0.0) for v in np.linalg.lstsq(x, y, rcond=None)[0])
+    table = tuple(sorted((round(statistics.median(b for b, _ in v), 2), statistics.median(e for _, e in v))
+                         for v in groups.values()))
+    table = tuple({b: e for b, e in table}.items())  # one entry per batch
+    served = dataclasses.replace(prof, serving_table=table)
+    # Against the served prefill step, so that the sim, which adds both, does not count serving twice.
+    ttft_over = [max(r["ttft_s"] - served.step_s(p, 0, p, p * (p + 1) // 2), 0.0)
+                 for r in lone for p in [r["prompt_tokens"]]]
     request_s = statistics.median(ttft_over)
     quantiles = tuple(float(v) for v in np.quantile(ttft_over, np.linspace(0.025, 0.975, 20)))
-    log(f"serving: {a * 1e3:.3f} ms per step + {b * 1e6:.1f} us per streamed sequence; "
-        f"{request_s * 1e3:.2f} ms per request (HTTP, tokenization, first chunk; p90 {quantiles[-3] * 1e3:.2f} ms)")
+    log("serving adds per decode step: " + ", ".join(f"{e * 1e3:+.2f} ms at batch {b:g}" for b, e in table)
+        + f"; {request_s * 1e3:.2f} ms per request (HTTP, tokenization, first chunk; p90 {quantiles[-3] * 1e3:.2f} ms)")
     return dataclasses.replace(
-        prof, name=prof.name.replace("(measured)", "(measured, served)"), serving_step_s=a, serving_per_seq_s=b,
-        request_s=request_s, request_s_quantiles=quantiles,
-        notes={**prof.notes, "serving": {"step_s": a, "per_seq_s": b, "request_s": request_s,
-                                         "observations": [list(o) for o in excess]}})
+        served, name=prof.name.replace("(measured)", "(measured, served)"), request_s=request_s,
+        request_s_quantiles=quantiles,
+        notes={**prof.notes, "serving": {"table": [list(t) for t in table], "request_s": request_s,
+                                         "observations": {str(c): [list(o) for o in v] for c, v in groups.items()}}})
+
+
+def average_serving(a: StepProfile, b: StepProfile) -> StepProfile:
+    """The mean of two serving measurements of one engine profile (taken before and after a run, so that
+    a machine whose speed drifts is compared with its speed across the run, not at one end of it)."""
+    if len(a.serving_table) != len(b.serving_table):
+        raise ValueError("the two serving measurements have different burst sizes")
+    table = tuple(((x0 + x1) / 2, (y0 + y1) / 2) for (x0, y0), (x1, y1) in zip(a.serving_table, b.serving_table,
+                                                                               strict=True))
+    quantiles = tuple((x + y) / 2 for x, y in zip(a.request_s_quantiles, b.request_s_quantiles, strict=True))
+    return dataclasses.replace(a, serving_table=table, request_s=(a.request_s + b.request_s) / 2,
+                               request_s_quantiles=quantiles,
+                               notes={**a.notes, "serving": [a.notes["serving"], b.notes["serving"]]})

@@ -52,6 +52,13 @@ class StepProfile:
     # What a served replica adds to every step, and per sequence streamed (argosy.sim.measure_serving).
     serving_step_s: float = 0.0
     serving_per_seq_s: float = 0.0
+    # Where measured on a served replica: what it adds to a step, by decode batch (batch, seconds),
+    # read in place of the two lines above. An entry may be negative: the served steps were measured
+    # just before the traffic they stand for, so they correct an engine sweep taken in a slower minute.
+    serving_table: tuple[tuple[float, float], ...] = ()
+    # Measured prefill-only steps (prompt tokens, seconds): where given with a decode table, prefill and
+    # mixed steps are read from the two tables (see step_s) instead of the fitted line.
+    prefill_table: tuple[tuple[float, float], ...] = ()
     notes: dict = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
@@ -61,9 +68,11 @@ class StepProfile:
             raise ValueError("num_blocks and block_size must be at least 1")
         coefs = (self.base_s, self.per_prefill_token_s, self.per_decode_seq_s, self.mem_base_s, self.per_kv_token_s,
                  self.request_s, self.per_prefill_attn_s, *self.request_s_quantiles, self.serving_step_s,
-                 self.serving_per_seq_s, *(t for *_, t in self.decode_table))
+                 self.serving_per_seq_s, *(t for *_, t in self.decode_table), *(t for _, t in self.prefill_table))
         if min(coefs) < 0 or not all(math.isfinite(c) for c in coefs):
             raise ValueError("step-time coefficients must be finite and >= 0")
+        if not all(math.isfinite(b) and math.isfinite(t) and b >= 0 for b, t in self.serving_table):
+            raise ValueError("serving_table entries must be finite (batch, seconds) pairs")
 
     def compute_s(self, prefill_tokens: int, decode_seqs: int, prefill_attn: int = 0) -> float:
         return (self.per_prefill_token_s * prefill_tokens + self.per_decode_seq_s * decode_seqs
@@ -74,15 +83,30 @@ class StepProfile:
 
     def step_s(self, prefill_tokens: int, decode_seqs: int, kv_tokens: int, prefill_attn: int = 0) -> float:
         """prefill_attn: sum over the step's prefill chunks of query tokens x their mean context."""
-        serving = self.serving_step_s + self.serving_per_seq_s * decode_seqs
+        if self.serving_table:
+            pts = sorted(self.serving_table)
+            serving = _along(pts, min(max(decode_seqs, pts[0][0]), pts[-1][0]))  # flat beyond the measured
+        else:
+            serving = self.serving_step_s + self.serving_per_seq_s * decode_seqs
         if prefill_tokens == 0 and self.decode_table:
-            return serving + _interpolate(self.decode_table, decode_seqs, kv_tokens / max(decode_seqs, 1))
-        c, m = self.compute_s(prefill_tokens, decode_seqs, prefill_attn), self.memory_s(kv_tokens)
-        return serving + self.base_s + (c + m if self.combine == "sum" else max(c, m))
+            engine = _interpolate(self.decode_table, decode_seqs, kv_tokens / max(decode_seqs, 1))
+        elif self.prefill_table and self.decode_table:
+            engine = max(_along(sorted(self.prefill_table), prefill_tokens), min(t for _, t in self.prefill_table) / 2)
+            if decode_seqs:
+                # Decodes beside a prefill add what they add to a decode step beyond its fixed cost (the
+                # decode table carried to batch 0), which the prefill step has already paid.
+                ctx = max(kv_tokens - prefill_tokens, 0) / decode_seqs
+                dec = _interpolate(self.decode_table, decode_seqs, ctx)
+                fixed = min(max(_interpolate(self.decode_table, 0, ctx), 0.0), dec, engine)
+                engine += dec - fixed
+        else:
+            c, m = self.compute_s(prefill_tokens, decode_seqs, prefill_attn), self.memory_s(kv_tokens)
+            engine = self.base_s + (c + m if self.combine == "sum" else max(c, m))
+        return max(serving + engine, engine / 2)
 
     def decode_run_s(self, batch: int, kv_tokens: int, steps: int) -> list[float]:
         """Step times of `steps` decode steps of `batch` sequences, each step reading `batch` more KV tokens."""
-        if self.decode_table or self.serving_step_s or self.serving_per_seq_s:
+        if self.decode_table or self.serving_step_s or self.serving_per_seq_s or self.serving_table:
             return [self.step_s(0, batch, kv_tokens + i * batch) for i in range(steps)]
         c = self.compute_s(0, batch)
         out, kv = [], kv_tokens
@@ -102,6 +126,8 @@ def _along(points: list[tuple[float, float]], x: float) -> float:
         return points[0][1]
     i = min(max(bisect_left([p[0] for p in points], x), 1), len(points) - 1)
     (x0, y0), (x1, y1) = points[i - 1], points[i]
+    if x1 == x0:
+        return y1
     return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
 
 
