@@ -28,7 +28,11 @@ def add_arguments(ap) -> None:
 
 
 def peer_version(python: str) -> str | None:
-    r = subprocess.run([python, "-c", "import llama_cpp; print(llama_cpp.__version__)"], capture_output=True, text=True)
+    try:
+        r = subprocess.run([python, "-c", "import llama_cpp; print(llama_cpp.__version__)"], capture_output=True,
+                           text=True)
+    except OSError:  # no such interpreter
+        return None
     return r.stdout.strip() if r.returncode == 0 else None
 
 
