@@ -54,3 +54,26 @@ def test_decodes_are_grouped_by_length_with_bounded_padding(runner):
     # Every sequence samples, and the sampled rows follow the new order.
     assert sorted(s.seq_id for s in batch.sampling_seqs) == sorted(s.seq_id for s in seqs)
     assert torch.equal(batch.sample_indices, torch.arange(len(seqs)))
+
+
+def test_compile_matvec_routes_one_token_steps_through_the_kernel_with_the_same_outputs(tiny_llama):
+    import functools
+
+    from argosy import LLM
+
+    prompts = [list(range(5, 37)), list(range(40, 60))]
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, logprobs=1)
+    plain, fast = LLM(tiny_llama, kv_cache_memory_gib=0.02), LLM(tiny_llama, kv_cache_memory_gib=0.02,
+                                                                    compile_matvec=True)
+    linear = fast.engine.runner.model.layers[0].mlp.down_proj
+    assert isinstance(linear.forward, functools.partial)  # compiled and routed, not silently left out
+    assert linear.weight.is_contiguous()  # the [out, in] layout the kernel streams
+    for batch in ([prompts[0]], prompts):  # alone (one-token decode steps), and batched (F.linear)
+        a, b = plain.generate(batch, params, use_tqdm=False), fast.generate(batch, params, use_tqdm=False)
+        for x, y in zip(a, b, strict=True):
+            assert x.outputs[0].token_ids == y.outputs[0].token_ids
+            lx = [next(iter(d.values())).logprob for d in x.outputs[0].logprobs]
+            ly = [next(iter(d.values())).logprob for d in y.outputs[0].logprobs]
+            assert max(abs(p - q) for p, q in zip(lx, ly, strict=True)) < 1e-4
+    x = torch.randn(1, linear.in_features)
+    torch.testing.assert_close(linear(x), torch.nn.functional.linear(x, linear.weight), rtol=1e-4, atol=1e-5)

@@ -29,6 +29,9 @@ class EngineConfig:
     # processes torchrun started). None: torchrun when run under it, else mp. See docs/parallel.md.
     distributed_executor_backend: str | None = None
     max_logprobs: int = 20
+    # CPU: one-token steps through a torch.compile'd matrix-vector product (argosy/engine/matvec.py);
+    # about 2x on a single stream, at the price of a compile when the engine starts.
+    compile_matvec: bool = False
 
     def __post_init__(self) -> None:
         if self.dtype != "auto" and self.dtype not in DTYPES:

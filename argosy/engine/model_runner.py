@@ -10,6 +10,7 @@ import torch
 from argosy.engine.attention import AttentionMetadata, DecodeGroup, PrefillChunk
 from argosy.engine.checkpoint import ModelConfig, iter_weights, load_model_config
 from argosy.engine.config import DTYPES, EngineConfig
+from argosy.engine.matvec import enable_compiled_matvec
 from argosy.engine.models.llama import LlamaForCausalLM, rope_inv_freq
 from argosy.engine.sequence import Sequence
 
@@ -74,8 +75,8 @@ class ModelRunner:
         # to_empty left the rotary frequencies uninitialised; they stay float32 in any model dtype.
         model.inv_freq = rope_inv_freq(self.model_config).to(self.device)
         model.load_weights(iter_weights(config.model, self.device))
-        if self.device.type == "cpu":
-            store_linears_transposed(model)
+        if self.device.type == "cpu" and not (config.compile_matvec and enable_compiled_matvec(model)):
+            store_linears_transposed(model)  # the compiled kernel wants the [out, in] layout, MKL this one
         self.model = model.eval()
         self.num_blocks = self._num_kv_blocks()
         cfg = self.model_config
