@@ -235,3 +235,20 @@ def test_prefill_and_mixed_steps_read_the_measured_tables():
     # A prefill with two decodes beside it: the decodes add their 2 ms, not their step's 4 ms fixed cost again.
     assert prof.step_s(100, 2, 100 + 2 * 64) == pytest.approx(0.012)
     assert prof.step_s(1, 0, 1) == pytest.approx(0.005)  # never below half the smallest measured prefill
+
+
+def test_a_week_runs_its_levels_on_two_workers_and_weighs_them_all():
+    from argosy.sim.week import hourly_levels, plan_week
+
+    spec = TrafficSpec(duration_s=604800, rate=40, weekly=[1, 1, 1, 1, 1, 0.5, 0.25],
+                       prompt_tokens={"mean": 64}, output_tokens={"mean": 16})
+    levels = hourly_levels(spec, level_step=0.25)
+    lines = []
+    week = plan_week(ModelConfig(name="m"), constant_profile(0.005), spec, SLO(), settings=SimSettings(replicas=1),
+                     level_s=6.0, warmup_s=2.0, level_step=0.25, workers=2, progress=lines.append)
+    assert "2 at a time" in lines[0] and len(lines) == 1 + len(levels) >= 3
+    assert [lv["rate_rps"] for lv in week["levels"]] == [lv.rate for lv in levels]  # in order, whoever ran them
+    assert week["hours"] == 168 and week["attainment"] > 0.9
+    one = plan_week(ModelConfig(name="m"), constant_profile(0.005), spec, SLO(), settings=SimSettings(replicas=1),
+                    level_s=6.0, warmup_s=2.0, level_step=0.25, workers=1, progress=lambda m: None)
+    assert one["output_tokens"] == week["output_tokens"]  # fixed replicas: each level's result is the same

@@ -73,6 +73,8 @@ class StepProfile:
             raise ValueError("step-time coefficients must be finite and >= 0")
         if not all(math.isfinite(b) and math.isfinite(t) and b >= 0 for b, t in self.serving_table):
             raise ValueError("serving_table entries must be finite (batch, seconds) pairs")
+        for name in ("serving_table", "prefill_table"):  # sorted once here, read on every simulated step
+            object.__setattr__(self, name, tuple(sorted(tuple(row) for row in getattr(self, name))))
 
     def compute_s(self, prefill_tokens: int, decode_seqs: int, prefill_attn: int = 0) -> float:
         return (self.per_prefill_token_s * prefill_tokens + self.per_decode_seq_s * decode_seqs
@@ -84,14 +86,14 @@ class StepProfile:
     def step_s(self, prefill_tokens: int, decode_seqs: int, kv_tokens: int, prefill_attn: int = 0) -> float:
         """prefill_attn: sum over the step's prefill chunks of query tokens x their mean context."""
         if self.serving_table:
-            pts = sorted(self.serving_table)
+            pts = self.serving_table
             serving = _along(pts, min(max(decode_seqs, pts[0][0]), pts[-1][0]))  # flat beyond the measured
         else:
             serving = self.serving_step_s + self.serving_per_seq_s * decode_seqs
         if prefill_tokens == 0 and self.decode_table:
             engine = _interpolate(self.decode_table, decode_seqs, kv_tokens / max(decode_seqs, 1))
         elif self.prefill_table and self.decode_table:
-            engine = max(_along(sorted(self.prefill_table), prefill_tokens), min(t for _, t in self.prefill_table) / 2)
+            engine = max(_along(self.prefill_table, prefill_tokens), min(t for _, t in self.prefill_table) / 2)
             if decode_seqs:
                 # Decodes beside a prefill add what they add to a decode step beyond its fixed cost (the
                 # decode table carried to batch 0), which the prefill step has already paid.

@@ -12,8 +12,9 @@ unadmittable through the run: the budget, the sequence cap and the free blocks o
 from __future__ import annotations
 
 from bisect import bisect_left
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from argosy.engine.block_pool import hash_block_tokens
 from argosy.engine.kv_cache_manager import KVCacheManager
 from argosy.engine.sampling_params import SamplingParams
 from argosy.engine.scheduler import Scheduler
@@ -51,6 +52,7 @@ class SimRequest:
     cached_tokens: int = 0
     preemptions: int = 0
     seq: Sequence | None = None
+    block_hashes: list[int] = field(default_factory=list)  # given to its Sequence (see SimReplica.add)
 
 
 class SimReplica:
@@ -61,6 +63,7 @@ class SimReplica:
         self.sched = Scheduler(self.kv, max_num_seqs, token_budget)
         self.started_s, self.ready_s, self.stopped_s = started_s, ready_s, None
         self.prefix_tokens = prefix_tokens
+        self.prefix_hashes: dict[int, list[int]] = {}
         self.draining = False
         self.version = 0  # bumps when the pending step event is replaced
         self.busy = False
@@ -79,14 +82,33 @@ class SimReplica:
         return len(self.requests)
 
     def add(self, req: SimRequest, now: float) -> None:
-        prompt = list(self.prefix_tokens.get(req.prefix_group, ()))
+        shared = self.prefix_tokens.get(req.prefix_group, ())
+        prompt = list(shared)
         prompt.append(-1 - req.rid)  # a unique token: no accidental prefix sharing after the shared part
         prompt.extend([0] * (req.prompt_tokens - 1))
         seq = Sequence(str(req.rid), prompt, _PARAMS, arrival_time=now)
         seq.max_tokens = req.output_tokens
+        # The block hashes the KV manager would compute, given up front (it hashes only blocks past the
+        # ones a sequence carries; hashing was a fifth of a simulation's time). The shared prefix's full
+        # blocks get their real chained hashes, computed once; every later block holds this request's
+        # unique token, so any value no other block has will do: a tagged (request, block) pair.
+        hashes = list(self._prefix_hashes(req.prefix_group, shared)) if shared else []
+        tag = (1 << 127) | (req.rid << 24)
+        hashes.extend(tag | i for i in range(len(hashes), (len(prompt) + req.output_tokens) // self.profile.block_size))
+        req.block_hashes = hashes
+        seq.block_hashes = list(hashes)
         req.seq = seq
         self.requests[seq.seq_id] = req
         self.sched.add(seq)
+
+    def _prefix_hashes(self, group: int, tokens) -> list[int]:
+        hashes = self.prefix_hashes.get(group)
+        if hashes is None:
+            bs, hashes = self.profile.block_size, []
+            for i in range(len(tokens) // bs):
+                hashes.append(hash_block_tokens(hashes[-1] if hashes else None, tokens[i * bs:(i + 1) * bs]))
+            self.prefix_hashes[group] = hashes
+        return hashes
 
     def start_step(self, now: float) -> float | None:
         """Schedules the next step (or run of decode steps); returns when it ends, or None when idle."""
@@ -95,7 +117,9 @@ class SimReplica:
             self.busy = False
             return None
         for seq in out.preempted:
-            self.requests[seq.seq_id].preemptions += 1
+            req = self.requests[seq.seq_id]
+            req.preemptions += 1
+            seq.block_hashes = list(req.block_hashes)  # freeing dropped them; readmission looks them up
         prof = self.profile
         prefill = decodes = kv = attn = 0
         all_decode = True

@@ -12,6 +12,9 @@ hour-weighted mean of the levels' percentiles, attainment the request-weighted m
 
 from __future__ import annotations
 
+import multiprocessing as mp
+import os
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -86,16 +89,10 @@ def weigh(results: list[tuple[Level, dict]], spec: TrafficSpec, level_s: float, 
     return out
 
 
-def plan_week(model: ModelConfig, profile: StepProfile, spec: TrafficSpec, slo: SLO, *, settings: SimSettings,
-              level_s: float = 60.0, warmup_s: float = 20.0, level_step: float = 0.05,
-              progress: Callable[[str], None] = print) -> dict:
-    levels = hourly_levels(spec, level_step)
-    # Sample the level's own timeline (the caller's resolution suits the whole week), and let the warm-up
-    # bring the fleet to this level's steady state: the diurnal curve changes over hours, not seconds.
-    settings = replace(settings, sample_s=min(settings.sample_s, level_s / 120), instant_start_until_s=warmup_s)
-    progress(f"week: {HOURS} hours -> {len(levels)} distinct load levels of {level_s:g} s each")
-    results = []
-    for i, lv in enumerate(levels, 1):
+def _run_chain(model: ModelConfig, profile: StepProfile, spec: TrafficSpec, slo: SLO, settings: SimSettings,
+               level_s: float, warmup_s: float, chain: list[tuple[int, Level]], total: int, report) -> None:
+    """Simulates `chain`'s levels in order (their rates rise); report(("level", i, result, line)) for each."""
+    for i, lv in chain:
         # A constant rate. A failed region goes down when the warm-up ends, so the level measures the
         # failover itself: the other regions' autoscalers catch up with cold starts, as they would.
         fails = [Failure(region=r, at_s=warmup_s, duration_s=level_s * 10) for r in lv.down]
@@ -105,11 +102,59 @@ def plan_week(model: ModelConfig, profile: StepProfile, spec: TrafficSpec, slo: 
         sim = FleetSim(model, profile, sub, make_requests(sub), settings)
         sim.run()
         res = summarize(sim, slo, warmup_s=warmup_s)
-        if settings.replicas is None and sim.timeline:  # levels rise: start the next where this one settled
+        if settings.replicas is None and sim.timeline:  # rates rise: start the next where this one settled
             last = sim.timeline[-1]["replicas"]
             settings = replace(settings, initial_replicas=tuple((r, max(n, 1)) for r, n in last.items()))
-        results.append((lv, res))
-        progress(f"  level {i}/{len(levels)}: {lv.rate:.0f} req/s, {len(lv.hours)} h"
-                 f"{', down: ' + ','.join(lv.down) if lv.down else ''}: peak {res['max_replicas']} replicas, "
-                 f"p99 TTFT {(res['ttft_s']['p99'] or 0) * 1000:.0f} ms, attainment {res['slo']['attainment']:.3f}")
-    return weigh(results, spec, level_s, warmup_s)
+        report(("level", i, res, f"  level {i}/{total}: {lv.rate:.0f} req/s, {len(lv.hours)} h"
+                f"{', down: ' + ','.join(lv.down) if lv.down else ''}: peak {res['max_replicas']} replicas, "
+                f"p99 TTFT {(res['ttft_s']['p99'] or 0) * 1000:.0f} ms, attainment {res['slo']['attainment']:.3f}"))
+
+
+def _chain_process(queue, *args) -> None:
+    try:
+        _run_chain(*args, report=queue.put)
+    except BaseException:  # noqa: BLE001 - the parent re-raises it with the worker's traceback
+        queue.put(("error", traceback.format_exc()))
+
+
+def plan_week(model: ModelConfig, profile: StepProfile, spec: TrafficSpec, slo: SLO, *, settings: SimSettings,
+              level_s: float = 60.0, warmup_s: float = 20.0, level_step: float = 0.05, workers: int | None = None,
+              progress: Callable[[str], None] = print) -> dict:
+    levels = hourly_levels(spec, level_step)
+    # Sample the level's own timeline (the caller's resolution suits the whole week), and let the warm-up
+    # bring the fleet to this level's steady state: the diurnal curve changes over hours, not seconds.
+    settings = replace(settings, sample_s=min(settings.sample_s, level_s / 120), instant_start_until_s=warmup_s)
+    workers = max(1, min(workers or os.cpu_count() or 1, len(levels)))
+    progress(f"week: {HOURS} hours -> {len(levels)} distinct load levels of {level_s:g} s each"
+             f"{f', {workers} at a time' if workers > 1 else ''}")
+    # The levels are independent but for where each starts: the fleet the level below it settled at. So
+    # each worker takes every `workers`-th level, in rising order, and starts each from its previous one.
+    chains = [[(i, lv) for i, lv in enumerate(levels, 1)][k::workers] for k in range(workers)]
+    args = (model, profile, spec, slo, settings, level_s, warmup_s)
+    done: dict[int, dict] = {}
+    if workers == 1:
+        def report(msg):
+            done[msg[1]] = msg[2]
+            progress(msg[3])
+
+        _run_chain(*args, chains[0], len(levels), report)
+    else:
+        ctx = mp.get_context("spawn")  # not fork: the parent may hold threads (torch's, the CLI's)
+        queue = ctx.Queue()
+        procs = [ctx.Process(target=_chain_process, args=(queue, *args, chain, len(levels)), daemon=True)
+                 for chain in chains]
+        for proc in procs:
+            proc.start()
+        try:
+            while len(done) < len(levels):
+                msg = queue.get()
+                if msg[0] == "error":
+                    raise RuntimeError(f"a week worker failed:\n{msg[1]}")
+                done[msg[1]] = msg[2]
+                progress(msg[3])
+        finally:
+            for proc in procs:
+                if len(done) < len(levels):
+                    proc.terminate()  # an error, or Ctrl-C: the other workers stop too
+                proc.join(timeout=10)
+    return weigh([(lv, done[i]) for i, lv in enumerate(levels, 1)], spec, level_s, warmup_s)
