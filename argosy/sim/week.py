@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import threading
+import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -110,7 +112,15 @@ def _run_chain(model: ModelConfig, profile: StepProfile, spec: TrafficSpec, slo:
                 f"p99 TTFT {(res['ttft_s']['p99'] or 0) * 1000:.0f} ms, attainment {res['slo']['attainment']:.3f}"))
 
 
-def _chain_process(queue, *args) -> None:
+def _exit_with_parent(parent: int) -> None:
+    while True:  # a parent killed outright (SIGKILL, SIGTERM) runs no cleanup: its workers must not linger
+        time.sleep(1.0)
+        if os.getppid() != parent:
+            os._exit(1)
+
+
+def _chain_process(queue, parent: int, *args) -> None:
+    threading.Thread(target=_exit_with_parent, args=(parent,), daemon=True).start()
     try:
         _run_chain(*args, report=queue.put)
     except BaseException:  # noqa: BLE001 - the parent re-raises it with the worker's traceback
@@ -141,7 +151,7 @@ def plan_week(model: ModelConfig, profile: StepProfile, spec: TrafficSpec, slo: 
     else:
         ctx = mp.get_context("spawn")  # not fork: the parent may hold threads (torch's, the CLI's)
         queue = ctx.Queue()
-        procs = [ctx.Process(target=_chain_process, args=(queue, *args, chain, len(levels)), daemon=True)
+        procs = [ctx.Process(target=_chain_process, args=(queue, os.getpid(), *args, chain, len(levels)), daemon=True)
                  for chain in chains]
         for proc in procs:
             proc.start()
