@@ -147,3 +147,37 @@ def test_failures_are_oserrors_the_proxy_retries_on():
         server.close()
 
     asyncio.run(main())
+
+
+def test_bytes_on_an_idle_connection_retire_it_and_a_double_release_pools_once():
+    async def main():
+        async def handler(reader, writer, n):
+            await read_request(reader)
+            writer.write(OK)
+            await writer.drain()
+            if n == 1:  # the first connection then sends bytes nobody asked for
+                await asyncio.sleep(0.02)
+                writer.write(b"HTTP/1.1 200 OK\r\n")
+                await writer.drain()
+            try:
+                await read_request(reader)
+                writer.write(OK)
+                await writer.drain()
+            except asyncio.IncompleteReadError:
+                return
+
+        server, url, conns = await serve(handler)
+        client = UpstreamClient(2.0)
+        r = await client.post(url + "/x", b"", {})
+        assert await r.read() == b"{}"
+        r.release()
+        r.release()
+        await asyncio.sleep(0.05)  # the stray bytes arrive on the pooled connection
+        r = await client.post(url + "/x", b"", {})
+        assert r.status == 200 and await r.read() == b"{}"
+        r.release()
+        assert conns() == 2 and sum(len(v) for v in client._idle.values()) <= 2
+        await client.close()
+        server.close()
+
+    asyncio.run(main())

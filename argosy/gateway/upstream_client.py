@@ -44,8 +44,11 @@ class _Conn(asyncio.Protocol):
         self.transport = transport
 
     def data_received(self, data: bytes) -> None:
-        if self.resp is not None:
-            self.resp._got_bytes = True
+        if self.resp is None:  # bytes on an idle connection: nothing asked for them, so it is not reusable
+            self.closed = True
+            self.transport.close()
+            return
+        self.resp._got_bytes = True
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError as e:
@@ -155,7 +158,10 @@ class Response:
     def release(self) -> None:
         """Back to the pool when the answer was read whole and the upstream keeps the connection; else closed
         (a stream the user left is cut off at the upstream this way)."""
-        conn, self.conn.resp = self.conn, None
+        conn = self.conn
+        if conn.resp is not self:
+            return  # released already
+        conn.resp = None
         if self.complete and self.keep_alive and not conn.closed:
             conn.idle_since = time.monotonic()
             conn.pool._idle.setdefault(conn.key, []).append(conn)
