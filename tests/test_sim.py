@@ -252,3 +252,16 @@ def test_a_week_runs_its_levels_on_two_workers_and_weighs_them_all():
     one = plan_week(ModelConfig(name="m"), constant_profile(0.005), spec, SLO(), settings=SimSettings(replicas=1),
                     level_s=6.0, warmup_s=2.0, level_step=0.25, workers=1, progress=lambda m: None)
     assert one["output_tokens"] == week["output_tokens"]  # fixed replicas: each level's result is the same
+
+
+def test_a_profile_saved_with_a_serving_line_loads_as_a_table(tmp_path):
+    from argosy.sim.profile import load_profile
+
+    data = dataclasses.asdict(constant_profile(0.010))
+    del data["serving_table"], data["prefill_table"]
+    data.update(serving_step_s=0.001, serving_per_seq_s=0.0001)  # as argosy profile wrote it before
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(data))
+    prof = load_profile(path)
+    assert prof.step_s(0, 1, 16) == pytest.approx(0.010 + 0.0011)
+    assert prof.step_s(0, 64, 16) == pytest.approx(0.010 + 0.001 + 64 * 0.0001)

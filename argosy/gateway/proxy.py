@@ -61,7 +61,7 @@ def stream_error(message: str, code: str) -> bytes:
 
 class Proxy:
     def __init__(self, session: aiohttp.ClientSession, metrics, max_retries: int, retry_budget: float,
-                 retry_after: float, client: UpstreamClient | None = None):
+                 retry_after: float, client: UpstreamClient):
         self.session, self.m = session, metrics
         self.client = client  # http:// upstreams; https:// ones go through aiohttp's session
         self.max_retries, self.retry_rate = max_retries, retry_budget
@@ -118,7 +118,7 @@ class Proxy:
     async def _attempt(self, call: Call, u: Upstream, send, disconnected, span=None) -> bool:
         """True when the user got an answer; False to retry elsewhere (nothing was sent yet)."""
         headers = call.headers if span is None else call.trace.inject(span, call.headers)
-        if self.client is not None and u.url.startswith("http://"):
+        if u.url.startswith("http://"):
             resp = await self.client.post(u.url + call.path, call.body, headers)
         else:
             resp = await self.session.post(u.url + call.path, data=call.body, headers=headers)

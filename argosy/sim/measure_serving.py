@@ -116,9 +116,8 @@ def measure_serving(model: str, prof: StepProfile, *, max_num_seqs: int, token_b
             proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
             proc.kill()
-    table = tuple(sorted((round(statistics.median(b for b, _ in v), 2), statistics.median(e for _, e in v))
-                         for v in groups.values()))
-    table = tuple({b: e for b, e in table}.items())  # one entry per batch
+    table = tuple(sorted({round(statistics.median(b for b, _ in v), 2): statistics.median(e for _, e in v)
+                          for v in groups.values()}.items()))  # one entry per batch
     served = dataclasses.replace(prof, serving_table=table)
     # Against the served prefill step, so that the sim, which adds both, does not count serving twice.
     ttft_over = [max(r["ttft_s"] - served.step_s(p, 0, p, p * (p + 1) // 2), 0.0)

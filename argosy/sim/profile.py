@@ -49,12 +49,9 @@ class StepProfile:
     # step is interpolated from them instead of the fitted line (which bends neither at cache cliffs nor
     # at small batches).
     decode_table: tuple[tuple[float, float, float], ...] = ()
-    # What a served replica adds to every step, and per sequence streamed (argosy.sim.measure_serving).
-    serving_step_s: float = 0.0
-    serving_per_seq_s: float = 0.0
-    # Where measured on a served replica: what it adds to a step, by decode batch (batch, seconds),
-    # read in place of the two lines above. An entry may be negative: the served steps were measured
-    # just before the traffic they stand for, so they correct an engine sweep taken in a slower minute.
+    # What a served replica adds to a step, by decode batch (batch, seconds; argosy.sim.measure_serving),
+    # flat beyond the measured batches. An entry may be negative: the served steps were measured just
+    # before the traffic they stand for, so they correct an engine sweep taken in a slower minute.
     serving_table: tuple[tuple[float, float], ...] = ()
     # Measured prefill-only steps (prompt tokens, seconds): where given with a decode table, prefill and
     # mixed steps are read from the two tables (see step_s) instead of the fitted line.
@@ -67,8 +64,8 @@ class StepProfile:
         if self.num_blocks < 1 or self.block_size < 1:
             raise ValueError("num_blocks and block_size must be at least 1")
         coefs = (self.base_s, self.per_prefill_token_s, self.per_decode_seq_s, self.mem_base_s, self.per_kv_token_s,
-                 self.request_s, self.per_prefill_attn_s, *self.request_s_quantiles, self.serving_step_s,
-                 self.serving_per_seq_s, *(t for *_, t in self.decode_table), *(t for _, t in self.prefill_table))
+                 self.request_s, self.per_prefill_attn_s, *self.request_s_quantiles,
+                 *(t for *_, t in self.decode_table), *(t for _, t in self.prefill_table))
         if min(coefs) < 0 or not all(math.isfinite(c) for c in coefs):
             raise ValueError("step-time coefficients must be finite and >= 0")
         if not all(math.isfinite(b) and math.isfinite(t) and b >= 0 for b, t in self.serving_table):
@@ -85,11 +82,9 @@ class StepProfile:
 
     def step_s(self, prefill_tokens: int, decode_seqs: int, kv_tokens: int, prefill_attn: int = 0) -> float:
         """prefill_attn: sum over the step's prefill chunks of query tokens x their mean context."""
-        if self.serving_table:
-            pts = self.serving_table
-            serving = _along(pts, min(max(decode_seqs, pts[0][0]), pts[-1][0]))  # flat beyond the measured
-        else:
-            serving = self.serving_step_s + self.serving_per_seq_s * decode_seqs
+        serving, pts = 0.0, self.serving_table
+        if pts:
+            serving = _along(pts, min(max(decode_seqs, pts[0][0]), pts[-1][0]))
         if prefill_tokens == 0 and self.decode_table:
             engine = _interpolate(self.decode_table, decode_seqs, kv_tokens / max(decode_seqs, 1))
         elif self.prefill_table and self.decode_table:
@@ -108,7 +103,7 @@ class StepProfile:
 
     def decode_run_s(self, batch: int, kv_tokens: int, steps: int) -> list[float]:
         """Step times of `steps` decode steps of `batch` sequences, each step reading `batch` more KV tokens."""
-        if self.decode_table or self.serving_step_s or self.serving_per_seq_s or self.serving_table:
+        if self.decode_table or self.serving_table:
             return [self.step_s(0, batch, kv_tokens + i * batch) for i in range(steps)]
         c = self.compute_s(0, batch)
         out, kv = [], kv_tokens
@@ -146,6 +141,10 @@ def load_profile(path: str | Path) -> StepProfile:
     p = Path(path)
     try:
         data = json.loads(p.read_text())
+        # Profiles saved before 2026-12-03 carry serving as a line, a + b * batch: as a table (to batch 256).
+        a, b = data.pop("serving_step_s", 0.0), data.pop("serving_per_seq_s", 0.0)
+        if (a or b) and not data.get("serving_table"):
+            data["serving_table"] = [[1.0, a + b], [256.0, a + 256 * b]]
         return StepProfile(**data)
     except OSError as e:
         raise ValueError(f"{p}: cannot read the profile ({e.strerror or e})") from None
