@@ -77,3 +77,58 @@ def test_compile_matvec_routes_one_token_steps_through_the_kernel_with_the_same_
             assert max(abs(p - q) for p, q in zip(lx, ly, strict=True)) < 1e-4
     x = torch.randn(1, linear.in_features)
     torch.testing.assert_close(linear(x), torch.nn.functional.linear(x, linear.weight), rtol=1e-4, atol=1e-5)
+
+
+def test_decode_groups_stay_within_the_copy_budget_and_outputs_do_not_change(tiny_llama):
+    from argosy import LLM
+
+    prompts = [list(range(3, 3 + n)) for n in (20, 33, 47, 50, 64, 70, 90, 130)]
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=1)
+    whole = LLM(tiny_llama, kv_cache_memory_gib=0.02)
+    whole.engine.runner.decode_group_blocks = 1 << 30
+    split = LLM(tiny_llama, kv_cache_memory_gib=0.02)
+    runner = split.engine.runner
+    runner.decode_group_blocks = 12  # a few sequences a group
+    seen = []
+    prepare = runner.prepare
+
+    def spy(scheduled):
+        batch = prepare(scheduled)
+        seen.extend(batch.meta.decode_groups)
+        return batch
+
+    runner.prepare = spy
+    a = whole.generate(prompts, params, use_tqdm=False)
+    b = split.generate(prompts, params, use_tqdm=False)
+    big = [g for g in seen if g.count > 1]
+    assert big and max(g.count for g in seen) < len(prompts)  # the budget did split the decodes
+    assert all(g.count * g.block_table.shape[1] <= 12 for g in big)
+    for x, y in zip(a, b, strict=True):
+        assert x.outputs[0].token_ids == y.outputs[0].token_ids
+        lx = [next(iter(d.values())).logprob for d in x.outputs[0].logprobs]
+        ly = [next(iter(d.values())).logprob for d in y.outputs[0].logprobs]
+        assert max(abs(p - q) for p, q in zip(lx, ly, strict=True)) < 1e-5
+
+
+@pytest.mark.skipif(not __import__("sys").platform.startswith("linux"), reason="glibc's allocator setting")
+def test_freed_tensors_are_reused_without_faulting_pages_in_again():
+    import subprocess
+    import sys
+
+    code = """
+import resource, sys, torch
+from argosy.engine.model_runner import keep_freed_memory
+if sys.argv[1] == "keep":
+    keep_freed_memory()
+for _ in range(2):  # the heap settles: a freed block is reused once it has merged with its neighbours
+    torch.ones(16 << 20).sum()  # 64 MiB, freed at once
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+torch.ones(16 << 20).sum()
+torch.ones(16 << 20).sum()
+print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+"""
+    faults = {mode: int(subprocess.run([sys.executable, "-c", code, mode], capture_output=True, text=True,
+                                       check=True).stdout) for mode in ("default", "keep")}
+    pages = 2 * (64 << 20) // 4096
+    assert faults["default"] > pages // 2  # glibc's default maps a tensor this big afresh each time
+    assert faults["keep"] < pages // 20

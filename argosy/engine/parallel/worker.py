@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 from argosy.engine.checkpoint import load_model_config
 from argosy.engine.config import EngineConfig
-from argosy.engine.model_runner import BatchInputs, ModelRunner, resolve_dtype
+from argosy.engine.model_runner import BatchInputs, ModelRunner, keep_freed_memory, resolve_dtype
 from argosy.engine.models.llama import rope_inv_freq
 from argosy.engine.parallel.control import connect_to_driver
 from argosy.engine.parallel.model import ShardedLlama, load_shard, local_config
@@ -55,6 +55,8 @@ class Worker(ModelRunner):
     def __init__(self, config: EngineConfig, ps: ParallelState):
         self.config, self.ps = config, ps
         self.device = ps.device
+        if self.device.type == "cpu":
+            keep_freed_memory()
         self.model_config = cfg = load_model_config(config.model)
         self.dtype = resolve_dtype(config, cfg, self.device)
         self.block_size = config.block_size
@@ -69,6 +71,7 @@ class Worker(ModelRunner):
         self.num_blocks = ps.min_over_world(self._num_kv_blocks())
         shape = (2, self.num_blocks, self.block_size, self.num_kv_heads, cfg.head_dim)
         self.kv_caches = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in model.layers]
+        self.decode_group_blocks = self._decode_group_blocks()
 
     def kv_bytes_per_block(self) -> int:
         """This rank's bytes per block: its layers and its KV heads (kv_cache_memory_gib is per rank)."""
