@@ -34,7 +34,8 @@ def engine_config_from_args(args: argparse.Namespace, model: str):
                         max_model_len=args.max_model_len, block_size=args.block_size,
                         enable_prefix_caching=not args.no_prefix_caching, seed=args.seed,
                         tensor_parallel_size=args.tensor_parallel_size,
-                        pipeline_parallel_size=args.pipeline_parallel_size, compile_matvec=args.compile_matvec)
+                        pipeline_parallel_size=args.pipeline_parallel_size, compile_matvec=args.compile_matvec,
+                        usage="offline")
 
 
 def cmd_generate(args: argparse.Namespace) -> int:

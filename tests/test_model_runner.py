@@ -111,24 +111,41 @@ def test_decode_groups_stay_within_the_copy_budget_and_outputs_do_not_change(tin
 
 
 @pytest.mark.skipif(not __import__("sys").platform.startswith("linux"), reason="glibc's allocator setting")
-def test_freed_tensors_are_reused_without_faulting_pages_in_again():
+def test_a_freed_tensor_stays_in_the_heap_for_the_next_step():
     import subprocess
     import sys
 
     code = """
-import resource, sys, torch
+import ctypes, sys, torch
 from argosy.engine.model_runner import keep_freed_memory
+class Info(ctypes.Structure):  # glibc's struct mallinfo2
+    _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                                "fsmblks", "uordblks", "fordblks", "keepcost")]
+info = ctypes.CDLL(None).mallinfo2
+info.restype = Info
 if sys.argv[1] == "keep":
     keep_freed_memory()
-for _ in range(2):  # the heap settles: a freed block is reused once it has merged with its neighbours
-    torch.ones(16 << 20).sum()  # 64 MiB, freed at once
-before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-torch.ones(16 << 20).sum()
-torch.ones(16 << 20).sum()
-print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+t = torch.ones(16 << 20)  # 64 MiB
+mapped = info().hblkhd
+del t
+print(mapped >> 20, info().fordblks >> 20)
 """
-    faults = {mode: int(subprocess.run([sys.executable, "-c", code, mode], capture_output=True, text=True,
-                                       check=True).stdout) for mode in ("default", "keep")}
-    pages = 2 * (64 << 20) // 4096
-    assert faults["default"] > pages // 2  # glibc's default maps a tensor this big afresh each time
-    assert faults["keep"] < pages // 20
+    out = {mode: subprocess.run([sys.executable, "-c", code, mode], capture_output=True, text=True,
+                                check=True).stdout.split() for mode in ("default", "keep")}
+    (mapped_default, free_default), (mapped_keep, free_keep) = ([int(x) for x in out[m]] for m in ("default", "keep"))
+    # glibc's default maps a tensor this big on its own and unmaps it when freed: the next step faults
+    # its pages in again. Kept, it comes from the heap and returns there.
+    assert mapped_default >= 64 and free_default < 64
+    assert mapped_keep < 64 and free_keep >= 64
+
+
+def test_the_cpu_token_budget_follows_the_use_offline_or_serving(tiny_llama):
+    from argosy import LLM
+
+    cpu = torch.device("cpu")
+    assert EngineConfig(model=tiny_llama).token_budget(cpu) == 512  # a replica: short steps between tokens
+    assert EngineConfig(model=tiny_llama, usage="offline").token_budget(cpu) == 2048
+    assert EngineConfig(model=tiny_llama, usage="offline", max_num_batched_tokens=64).token_budget(cpu) == 64
+    assert LLM(tiny_llama, kv_cache_memory_gib=0.01).engine.scheduler.token_budget == 2048
+    with pytest.raises(ValueError, match="usage"):
+        EngineConfig(model=tiny_llama, usage="batch")

@@ -26,6 +26,7 @@ class LLM:
             kwargs["kv_cache_memory_gib"] = kwargs.pop("kv_cache_memory")
         for ignored in ("tokenizer", "trust_remote_code", "enforce_eager"):
             kwargs.pop(ignored, None)
+        kwargs.setdefault("usage", "offline")
         unknown = set(kwargs) - known
         if unknown:
             raise TypeError(f"unknown LLM arguments: {', '.join(sorted(unknown))}")
