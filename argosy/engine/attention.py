@@ -28,7 +28,8 @@ class DecodeGroup:
     start: int
     count: int
     block_table: torch.Tensor  # [count, max_blocks] (padded with block 0)
-    mask: torch.Tensor  # [count, 1, 1, max_blocks * block_size] True where a slot is real
+    mask: torch.Tensor | None  # [count, 1, 1, max_blocks * block_size] True where a slot is real
+    context_len: int = 0  # a lone decode (count 1) has no mask: its K/V are cut to this length instead
 
 
 @dataclass
@@ -64,6 +65,8 @@ def paged_attention(
         s, n = grp.start, grp.count
         qd = q[s:s + n].view(n, num_kv_heads, group, head_dim)
         kd, vd = gather_blocks(kv_cache, grp.block_table)
+        if grp.mask is None:
+            kd, vd = kd[:, :grp.context_len], vd[:, :grp.context_len]
         od = F.scaled_dot_product_attention(qd, kd.transpose(1, 2), vd.transpose(1, 2), attn_mask=grp.mask,
                                             scale=scale)
         out[s:s + n] = od.reshape(n, num_heads, head_dim)

@@ -206,6 +206,10 @@ class ModelRunner:
                 end += 1
             width = len(tables[end - 1])
             table = torch.tensor([t + [0] * (width - len(t)) for t in tables[start:end]], dtype=torch.long)
+            if end - start == 1:  # no padding: attention cuts the K/V to the context, with no mask
+                groups.append(DecodeGroup(start, 1, table.to(self.device), None, lens[start]))
+                start = end
+                continue
             mask = torch.arange(width * bs).unsqueeze(0) < torch.tensor(lens[start:end]).unsqueeze(1)
             groups.append(DecodeGroup(start, end - start, table.to(self.device),
                                       mask.view(end - start, 1, 1, width * bs).to(self.device)))
