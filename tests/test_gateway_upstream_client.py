@@ -34,52 +34,60 @@ async def read_request(reader) -> bytes:
     return head + await reader.readexactly(n)
 
 
-def test_keep_alive_reuses_one_connection_and_a_stale_one_is_replaced():
+def run_against(handler, check) -> None:
+    """Runs check(client, url, connections) against a raw server with this handler; stops both after."""
     async def main():
-        async def handler(reader, writer, n):
-            for i in range(100):
-                try:
-                    req = await read_request(reader)
-                except asyncio.IncompleteReadError:
-                    return
-                if n == 1 and i == 2:
-                    return  # its keep-alive ran out as the third request came: closed, unanswered
-                assert b"x-request-id: r1" in req and req.endswith(b'{"a": 1}')
-                writer.write(OK)
-                await writer.drain()
-
         server, url, conns = await serve(handler)
         client = UpstreamClient(2.0)
+        try:
+            await check(client, url, conns)
+        finally:
+            await client.close()
+            server.close()
+
+    asyncio.run(main())
+
+
+def test_keep_alive_reuses_one_connection_and_a_stale_one_is_replaced():
+    async def handler(reader, writer, n):
+        for i in range(100):
+            try:
+                req = await read_request(reader)
+            except asyncio.IncompleteReadError:
+                return
+            if n == 1 and i == 2:
+                return  # its keep-alive ran out as the third request came: closed, unanswered
+            assert b"x-request-id: r1" in req and req.endswith(b'{"a": 1}')
+            writer.write(OK)
+            await writer.drain()
+
+    async def check(client, url, conns):
         for _ in range(5):
             r = await client.post(url + "/v1/completions", b'{"a": 1}', {"x-request-id": "r1"})
             assert r.status == 200 and r.headers["content-type"] == "application/json" and await r.read() == b"{}"
             r.release()
         assert conns() == 2  # one kept alive, then one more after the upstream closed it: no error surfaced
-        await client.close()
-        server.close()
 
-    asyncio.run(main())
+    run_against(handler, check)
 
 
 def test_body_without_length_ends_with_the_connection_and_chunks_stream_in_order():
-    async def main():
-        async def handler(reader, writer, n):
-            await read_request(reader)
-            if n == 1:
-                writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\nconnection: close\r\n\r\nall of it")
-            else:
-                writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
-                             b"transfer-encoding: chunked\r\n\r\n")
-                for i in range(3):
-                    data = f"data: {i}\n\n".encode()
-                    writer.write(b"%x\r\n%s\r\n" % (len(data), data))
-                    await writer.drain()
-                    await asyncio.sleep(0.02)
-                writer.write(b"0\r\n\r\n")
-            await writer.drain()
+    async def handler(reader, writer, n):
+        await read_request(reader)
+        if n == 1:
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\nconnection: close\r\n\r\nall of it")
+        else:
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+                         b"transfer-encoding: chunked\r\n\r\n")
+            for i in range(3):
+                data = f"data: {i}\n\n".encode()
+                writer.write(b"%x\r\n%s\r\n" % (len(data), data))
+                await writer.drain()
+                await asyncio.sleep(0.02)
+            writer.write(b"0\r\n\r\n")
+        await writer.drain()
 
-        server, url, _ = await serve(handler)
-        client = UpstreamClient(2.0)
+    async def check(client, url, _conns):
         r = await client.post(url + "/x", b"", {})
         assert await r.read() == b"all of it"
         r.release()
@@ -87,25 +95,21 @@ def test_body_without_length_ends_with_the_connection_and_chunks_stream_in_order
         chunks = [c async for c in r.content.iter_any()]
         assert b"".join(chunks) == b"data: 0\n\ndata: 1\n\ndata: 2\n\n" and len(chunks) == 3  # as they came
         r.release()
-        await client.close()
-        server.close()
 
-    asyncio.run(main())
+    run_against(handler, check)
 
 
 def test_a_slow_reader_pauses_the_upstream_and_loses_nothing():
-    async def main():
-        total = 4 * HIGH_WATER
-        payload = bytes(range(256)) * (total // 256)
+    total = 4 * HIGH_WATER
+    payload = bytes(range(256)) * (total // 256)
 
-        async def handler(reader, writer, n):
-            await read_request(reader)
-            writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % total)
-            writer.write(payload)
-            await writer.drain()
+    async def handler(reader, writer, n):
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % total)
+        writer.write(payload)
+        await writer.drain()
 
-        server, url, _ = await serve(handler)
-        client = UpstreamClient(2.0)
+    async def check(client, url, _conns):
         r = await client.post(url + "/big", b"", {})
         got, paused = [], False
         while chunk := await r.content.readany():
@@ -114,24 +118,20 @@ def test_a_slow_reader_pauses_the_upstream_and_loses_nothing():
             await asyncio.sleep(0.001)
         assert b"".join(got) == payload and paused  # reading was paused while the buffer was full
         r.release()
-        await client.close()
-        server.close()
 
-    asyncio.run(main())
+    run_against(handler, check)
 
 
 def test_failures_are_oserrors_the_proxy_retries_on():
-    async def main():
-        async def handler(reader, writer, n):
-            await read_request(reader)
-            if n == 1:
-                writer.write(b"NOT HTTP AT ALL\r\n\r\n")
-            else:  # headers, half a body, then the connection drops
-                writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\nhalf")
-            await writer.drain()
+    async def handler(reader, writer, n):
+        await read_request(reader)
+        if n == 1:
+            writer.write(b"NOT HTTP AT ALL\r\n\r\n")
+        else:  # headers, half a body, then the connection drops
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\nhalf")
+        await writer.drain()
 
-        server, url, _ = await serve(handler)
-        client = UpstreamClient(2.0)
+    async def check(client, url, _conns):
         with pytest.raises(OSError, match="malformed"):
             await client.post(url + "/x", b"", {})
         r = await client.post(url + "/x", b"", {})
@@ -143,31 +143,27 @@ def test_failures_are_oserrors_the_proxy_retries_on():
             port = s.getsockname()[1]  # nothing listens here once the socket is closed
         with pytest.raises(OSError):
             await client.post(f"http://127.0.0.1:{port}/x", b"", {})
-        await client.close()
-        server.close()
 
-    asyncio.run(main())
+    run_against(handler, check)
 
 
 def test_bytes_on_an_idle_connection_retire_it_and_a_double_release_pools_once():
-    async def main():
-        async def handler(reader, writer, n):
+    async def handler(reader, writer, n):
+        await read_request(reader)
+        writer.write(OK)
+        await writer.drain()
+        if n == 1:  # the first connection then sends bytes nobody asked for
+            await asyncio.sleep(0.02)
+            writer.write(b"HTTP/1.1 200 OK\r\n")
+            await writer.drain()
+        try:
             await read_request(reader)
             writer.write(OK)
             await writer.drain()
-            if n == 1:  # the first connection then sends bytes nobody asked for
-                await asyncio.sleep(0.02)
-                writer.write(b"HTTP/1.1 200 OK\r\n")
-                await writer.drain()
-            try:
-                await read_request(reader)
-                writer.write(OK)
-                await writer.drain()
-            except asyncio.IncompleteReadError:
-                return
+        except asyncio.IncompleteReadError:
+            return
 
-        server, url, conns = await serve(handler)
-        client = UpstreamClient(2.0)
+    async def check(client, url, conns):
         r = await client.post(url + "/x", b"", {})
         assert await r.read() == b"{}"
         r.release()
@@ -177,7 +173,5 @@ def test_bytes_on_an_idle_connection_retire_it_and_a_double_release_pools_once()
         assert r.status == 200 and await r.read() == b"{}"
         r.release()
         assert conns() == 2 and sum(len(v) for v in client._idle.values()) <= 2
-        await client.close()
-        server.close()
 
-    asyncio.run(main())
+    run_against(handler, check)
