@@ -198,22 +198,21 @@ class ModelRunner:
         """Splits the (length-sorted) decodes where padding to the group's longest would waste > 25%,
         or where the group would copy more than decode_group_blocks blocks."""
         groups, bs, start = [], self.block_size, 0
-        cap = self.decode_group_blocks
         while start < len(tables):
             end, used = start + 1, len(tables[start])
-            while (end < len(tables) and (end - start + 1) * len(tables[end]) <= 1.25 * (used + len(tables[end]))
-                   and (end - start + 1) * len(tables[end]) <= cap):
+            while end < len(tables):
+                padded = (end - start + 1) * len(tables[end])
+                if padded > 1.25 * (used + len(tables[end])) or padded > self.decode_group_blocks:
+                    break
                 used += len(tables[end])
                 end += 1
-            width = len(tables[end - 1])
+            count, width = end - start, len(tables[end - 1])
             table = torch.tensor([t + [0] * (width - len(t)) for t in tables[start:end]], dtype=torch.long)
-            if end - start == 1:  # no padding: attention cuts the K/V to the context, with no mask
-                groups.append(DecodeGroup(start, 1, table.to(self.device), None, lens[start]))
-                start = end
-                continue
-            mask = torch.arange(width * bs).unsqueeze(0) < torch.tensor(lens[start:end]).unsqueeze(1)
-            groups.append(DecodeGroup(start, end - start, table.to(self.device),
-                                      mask.view(end - start, 1, 1, width * bs).to(self.device)))
+            mask, context_len = None, lens[start]  # a lone decode: no padding, its K/V cut to its context
+            if count > 1:
+                mask = torch.arange(width * bs).unsqueeze(0) < torch.tensor(lens[start:end]).unsqueeze(1)
+                mask, context_len = mask.view(count, 1, 1, width * bs).to(self.device), 0
+            groups.append(DecodeGroup(start, count, table.to(self.device), mask, context_len))
             start = end
         return groups
 
