@@ -1,7 +1,9 @@
 """Paged attention: each sequence's K/V live in fixed-size blocks found through its block table.
 
 The batch is flattened to T tokens. Decodes (one query token each) come first and run as one
-batched attention call; each prefill chunk runs on its own, since its query length differs.
+batched attention call; each prefill chunk runs on its own, since its query length differs. On the CPU
+decodes go through a C kernel that reads the cache in place (cpu_kernels.py) where it could be built;
+otherwise, and on CUDA, their blocks are gathered and attended with SDPA.
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+from argosy.engine.cpu_kernels import DecodeKernel
 
 
 @dataclass
@@ -30,6 +34,7 @@ class DecodeGroup:
     block_table: torch.Tensor  # [count, max_blocks] (padded with block 0)
     mask: torch.Tensor | None  # [count, 1, 1, max_blocks * block_size] True where a slot is real
     context_len: int = 0  # a lone decode (count 1) has no mask: its K/V are cut to this length instead
+    context_lens: torch.Tensor | None = None  # [count] int64, for the decode kernel (which needs no mask)
 
 
 @dataclass
@@ -37,6 +42,7 @@ class AttentionMetadata:
     slot_mapping: torch.Tensor  # [T] cache slot written by each token
     decode_groups: list[DecodeGroup]  # the decodes come first in the batch
     prefills: list[PrefillChunk]
+    decode_kernel: DecodeKernel | None = None  # when set, all decodes form one group with context_lens
 
 
 def write_kv(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
@@ -63,6 +69,9 @@ def paged_attention(
         # One query per sequence: fold the query heads that share a KV head into the "query length"
         # axis ([n, kv_heads, group, dim]), so grouped-query attention needs no repeat of K/V.
         s, n = grp.start, grp.count
+        if meta.decode_kernel is not None:
+            out[s:s + n] = meta.decode_kernel(q[s:s + n], kv_cache, grp.block_table, grp.context_lens, scale)
+            continue
         qd = q[s:s + n].view(n, num_kv_heads, group, head_dim)
         kd, vd = gather_blocks(kv_cache, grp.block_table)
         if grp.mask is None:

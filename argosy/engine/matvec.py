@@ -5,7 +5,7 @@ by memory bandwidth. Behind F.linear, MKL's matrix-vector product streams the we
 on this 2-core machine, while a torch.compile'd row reduction over the [out, in] weight streams about
 26 GB/s (40 matrices of 3072 x 768, /tmp-style microbenchmark, 2026-12-03). Compiling costs seconds
 to tens of seconds per weight shape the first time (inductor keeps its kernels on disk for the next
-start), so it is off by default. Steps of more than one token keep F.linear, which is faster there.
+start), so it is off by default. Steps of more than one token keep the layer's own forward, which is faster there.
 Where compiling fails (no C++ compiler, say), the engine logs it and runs without.
 """
 
@@ -17,7 +17,6 @@ from functools import partial
 import torch
 import torch._inductor
 import torch.fx
-import torch.nn.functional as F
 from torch import nn
 
 logger = logging.getLogger(__name__)
@@ -27,11 +26,11 @@ def _row_dot(weight: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return (weight * x).sum(-1)  # [out, in] * [in] -> [out]: one pass over the weight, rows in parallel
 
 
-def _forward(module: nn.Linear, kernel, x: torch.Tensor) -> torch.Tensor:
+def _forward(module: nn.Linear, kernel, dense, x: torch.Tensor) -> torch.Tensor:
     if x.dim() == 2 and x.shape[0] == 1:
         y = kernel(module.weight, x[0]).unsqueeze(0)
         return y if module.bias is None else y + module.bias
-    return F.linear(x, module.weight, module.bias)
+    return dense(x)  # the layer's forward from before: F.linear or oneDNN
 
 
 def enable_compiled_matvec(model: nn.Module) -> bool:
@@ -53,5 +52,5 @@ def enable_compiled_matvec(model: nn.Module) -> bool:
         logger.warning("compile_matvec: compiling the matrix-vector kernel failed (%s); running without it", e)
         return False
     for m in linears:
-        m.forward = partial(_forward, m, kernels[tuple(m.weight.shape)])
+        m.forward = partial(_forward, m, kernels[tuple(m.weight.shape)], m.forward)
     return True

@@ -12,8 +12,10 @@ import torch
 from argosy.engine.attention import AttentionMetadata, DecodeGroup, PrefillChunk
 from argosy.engine.checkpoint import ModelConfig, iter_weights, load_model_config
 from argosy.engine.config import DTYPES, EngineConfig
+from argosy.engine.cpu_kernels import DecodeKernel, paged_decode_kernel
 from argosy.engine.matvec import enable_compiled_matvec
 from argosy.engine.models.llama import LlamaForCausalLM, rope_inv_freq
+from argosy.engine.onednn_linear import route_linears_through_onednn
 from argosy.engine.sequence import Sequence
 
 logger = logging.getLogger(__name__)
@@ -100,14 +102,18 @@ class ModelRunner:
         # to_empty left the rotary frequencies uninitialised; they stay float32 in any model dtype.
         model.inv_freq = rope_inv_freq(self.model_config).to(self.device)
         model.load_weights(iter_weights(config.model, self.device))
-        if self.device.type == "cpu" and not (config.compile_matvec and enable_compiled_matvec(model)):
-            store_linears_transposed(model)  # the compiled kernel wants the [out, in] layout, MKL this one
+        if self.device.type == "cpu":
+            onednn = route_linears_through_onednn(model)
+            matvec = config.compile_matvec and enable_compiled_matvec(model)  # wraps the one-row case
+            if not (onednn or matvec):  # both want [out, in] weights; F.linear (MKL) does better with [in, out]
+                store_linears_transposed(model)
         self.model = model.eval()
         self.num_blocks = self._num_kv_blocks()
         cfg = self.model_config
         shape = (2, self.num_blocks, self.block_size, cfg.num_kv_heads, cfg.head_dim)
         self.kv_caches = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(cfg.num_layers)]
         self.decode_group_blocks = self._decode_group_blocks()
+        self.decode_kernel = self._decode_kernel()
 
     def kv_bytes_per_block(self) -> int:
         cfg = self.model_config
@@ -120,6 +126,11 @@ class ModelRunner:
         if self.device.type != "cpu":
             return 1 << 30
         return max(1, CPU_DECODE_GROUP_BYTES // (self.kv_bytes_per_block() // len(self.kv_caches)))
+
+    def _decode_kernel(self) -> DecodeKernel | None:
+        if self.device.type != "cpu" or self.dtype != torch.float32:
+            return None
+        return paged_decode_kernel()
 
     def _num_kv_blocks(self) -> int:
         if self.config.kv_cache_memory_gib is not None:
@@ -185,6 +196,7 @@ class ModelRunner:
             slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev),
             decode_groups=groups,
             prefills=chunks,
+            decode_kernel=self.decode_kernel,
         )
         return BatchInputs(
             input_ids=torch.tensor(input_ids, dtype=torch.long, device=dev),
@@ -197,6 +209,10 @@ class ModelRunner:
     def _decode_groups(self, tables: list[list[int]], lens: list[int]) -> list[DecodeGroup]:
         """Splits the (length-sorted) decodes where padding to the group's longest would waste > 25%,
         or where the group would copy more than decode_group_blocks blocks."""
+        if self.decode_kernel is not None and tables:  # the kernel reads each decode's own length: one group
+            width = max(map(len, tables))
+            table = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.long)
+            return [DecodeGroup(0, len(tables), table, None, context_lens=torch.tensor(lens, dtype=torch.long))]
         groups, bs, start = [], self.block_size, 0
         while start < len(tables):
             end, used = start + 1, len(tables[start])

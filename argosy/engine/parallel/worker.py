@@ -72,6 +72,7 @@ class Worker(ModelRunner):
         shape = (2, self.num_blocks, self.block_size, self.num_kv_heads, cfg.head_dim)
         self.kv_caches = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in model.layers]
         self.decode_group_blocks = self._decode_group_blocks()
+        self.decode_kernel = self._decode_kernel()
 
     def kv_bytes_per_block(self) -> int:
         """This rank's bytes per block: its layers and its KV heads (kv_cache_memory_gib is per rank)."""

@@ -1,0 +1,122 @@
+"""The CPU fast paths: the C decode-attention kernel and oneDNN linears. Each is used by default, gives
+the outputs of the plain path, and falls back to it where it can't run."""
+
+import logging
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from argosy import LLM, SamplingParams
+from argosy.engine import cpu_kernels, onednn_linear
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    k = cpu_kernels.paged_decode_kernel()
+    assert k is not None, "the CPU kernel must build on the test machine (it has a C compiler)"
+    return k
+
+
+def reference(q, kv_cache, tables, lens, scale):
+    """Each sequence's K/V cut out of the cache token by token and attended with SDPA in float64."""
+    _, _, bs, kv_heads, _ = kv_cache.shape
+    out = torch.empty_like(q)
+    for i, n in enumerate(lens.tolist()):
+        slots = [tables[i, p // bs].item() * bs + p % bs for p in range(n)]
+        k, v = (kv_cache[j].reshape(-1, kv_heads, q.shape[2])[slots].double().transpose(0, 1) for j in (0, 1))
+        o = F.scaled_dot_product_attention(q[i].double().unsqueeze(1), k, v, scale=scale,
+                                           enable_gqa=q.shape[1] != kv_heads)
+        out[i] = o.squeeze(1).float()
+    return out
+
+
+@pytest.mark.parametrize("heads,kv_heads,dim,block_size", [(4, 4, 64, 16), (6, 2, 20, 8), (8, 1, 72, 16)])
+@pytest.mark.parametrize("n", [1, 9])  # one sequence splits its KV heads over the threads; nine do not
+def test_kernel_equals_attention_over_each_sequences_blocks(kernel, heads, kv_heads, dim, block_size, n):
+    g = torch.Generator().manual_seed(n * 100 + dim)
+    num_blocks = 64
+    kv_cache = torch.randn(2, num_blocks, block_size, kv_heads, dim, generator=g)
+    lens = torch.tensor(([1, block_size, block_size + 1, 5 * block_size - 3] * 3)[:n])
+    width = -(-int(lens.max()) // block_size) + 2  # wider than needed: entries past the end are never read
+    tables = torch.stack([torch.randperm(num_blocks, generator=g)[:width] for _ in range(n)])
+    q = torch.randn(n, heads, dim, generator=g)
+    got = kernel(q, kv_cache, tables, lens, dim ** -0.5)
+    torch.testing.assert_close(got, reference(q, kv_cache, tables, lens, dim ** -0.5), rtol=1e-5, atol=1e-5)
+
+
+def test_a_table_shorter_than_its_context_is_refused(kernel):
+    kv_cache = torch.zeros(2, 8, 16, 2, 32)
+    with pytest.raises(ValueError, match="shorter than its context"):
+        kernel(torch.zeros(1, 2, 32), kv_cache, torch.zeros(1, 2, dtype=torch.long), torch.tensor([33]), 1.0)
+
+
+def test_the_engine_uses_the_kernel_by_default_with_the_outputs_of_gather_and_sdpa(tiny_llama):
+    prompts = [list(range(3, 3 + n)) for n in (5, 20, 33, 64, 90)]
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, logprobs=1)
+    fast = LLM(tiny_llama, kv_cache_memory_gib=0.02)
+    assert fast.engine.runner.decode_kernel is not None
+    seen = []
+    prepare = fast.engine.runner.prepare
+    fast.engine.runner.prepare = lambda scheduled: seen.append(prepare(scheduled)) or seen[-1]
+    plain = LLM(tiny_llama, kv_cache_memory_gib=0.02)
+    plain.engine.runner.decode_kernel = None
+    a = fast.generate(prompts, params, use_tqdm=False)
+    b = plain.generate(prompts, params, use_tqdm=False)
+    groups = [g for batch in seen for g in batch.meta.decode_groups]
+    assert groups and all(g.context_lens is not None for g in groups)
+    assert max(g.count for g in groups) == len(prompts)  # all decodes of a step in one call
+    for x, y in zip(a, b, strict=True):
+        assert x.outputs[0].token_ids == y.outputs[0].token_ids
+        lx = [next(iter(d.values())).logprob for d in x.outputs[0].logprobs]
+        ly = [next(iter(d.values())).logprob for d in y.outputs[0].logprobs]
+        assert max(abs(p - q) for p, q in zip(lx, ly, strict=True)) < 1e-5
+
+
+@pytest.mark.parametrize("env", [{"ARGOSY_CPU_KERNELS": "0"}, {"CC": "/bin/false"}])
+def test_without_the_kernel_the_engine_logs_it_and_uses_gather_and_sdpa(tiny_llama, monkeypatch, caplog, env):
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    cpu_kernels.paged_decode_kernel.cache_clear()
+    try:
+        with caplog.at_level(logging.WARNING, logger="argosy.engine.cpu_kernels"):
+            llm = LLM(tiny_llama, kv_cache_memory_gib=0.02)
+        assert llm.engine.runner.decode_kernel is None
+        if "CC" in env:
+            assert "CPU attention kernel unavailable" in caplog.text
+        out = llm.generate([[5, 6, 7]], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True), use_tqdm=False)
+        assert len(out[0].outputs[0].token_ids) == 4
+    finally:
+        cpu_kernels.paged_decode_kernel.cache_clear()
+
+
+def test_loading_the_kernel_leaves_float_behaviour_alone(kernel):
+    # A library built with -ffast-math (GCC 12) would turn on flush-to-zero for the whole process.
+    assert (torch.tensor([1e-39]) * 1.0).item() > 0
+
+
+def test_cpu_linears_run_on_onednn_and_fall_back_to_f_linear(tiny_llama, monkeypatch):
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, logprobs=1)
+    prompts = [list(range(3, 40)), [7, 8, 9]]
+    fast = LLM(tiny_llama, kv_cache_memory_gib=0.02)
+    layer = fast.engine.runner.model.lm_head
+    assert layer.forward.func is onednn_linear._forward and layer.weight.is_contiguous()
+
+    def broken(*args):
+        raise RuntimeError("no oneDNN here")
+
+    monkeypatch.setattr(onednn_linear, "_linear", broken)
+    onednn_linear.onednn_linear_works.cache_clear()
+    try:
+        plain = LLM(tiny_llama, kv_cache_memory_gib=0.02)
+    finally:
+        monkeypatch.undo()
+        onednn_linear.onednn_linear_works.cache_clear()
+    layer = plain.engine.runner.model.lm_head
+    assert not hasattr(layer.forward, "func") and not layer.weight.is_contiguous()  # F.linear on [in, out]
+    for x, y in zip(fast.generate(prompts, params, use_tqdm=False), plain.generate(prompts, params, use_tqdm=False),
+                    strict=True):
+        assert x.outputs[0].token_ids == y.outputs[0].token_ids
+        lx = [next(iter(d.values())).logprob for d in x.outputs[0].logprobs]
+        ly = [next(iter(d.values())).logprob for d in y.outputs[0].logprobs]
+        assert max(abs(p - q) for p, q in zip(lx, ly, strict=True)) < 1e-4
