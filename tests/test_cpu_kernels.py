@@ -1,5 +1,7 @@
-"""The CPU fast paths: the C decode-attention kernel and oneDNN linears. Each is used by default, gives
-the outputs of the plain path, and falls back to it where it can't run."""
+"""The CPU fast paths: the C kernels (decode attention, one-row matvec) and oneDNN linears.
+
+Each is used by default, gives the outputs of the plain path, and falls back to it where it can't run.
+"""
 
 import logging
 
@@ -8,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from argosy import LLM, SamplingParams
-from argosy.engine import cpu_kernels, onednn_linear
+from argosy.engine import cpu_kernels, cpu_linear
 
 
 @pytest.fixture(scope="module")
@@ -77,17 +79,18 @@ def test_the_engine_uses_the_kernel_by_default_with_the_outputs_of_gather_and_sd
 def test_without_the_kernel_the_engine_logs_it_and_uses_gather_and_sdpa(tiny_llama, monkeypatch, caplog, env):
     for name, value in env.items():
         monkeypatch.setenv(name, value)
-    cpu_kernels.paged_decode_kernel.cache_clear()
+    cpu_kernels._library.cache_clear()
     try:
         with caplog.at_level(logging.WARNING, logger="argosy.engine.cpu_kernels"):
             llm = LLM(tiny_llama, kv_cache_memory_gib=0.02)
         assert llm.engine.runner.decode_kernel is None
+        assert llm.engine.runner.model.lm_head.forward.args[1:] == (True, None)  # oneDNN, no C matvec
         if "CC" in env:
-            assert "CPU attention kernel unavailable" in caplog.text
+            assert "CPU kernels unavailable" in caplog.text
         out = llm.generate([[5, 6, 7]], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True), use_tqdm=False)
         assert len(out[0].outputs[0].token_ids) == 4
     finally:
-        cpu_kernels.paged_decode_kernel.cache_clear()
+        cpu_kernels._library.cache_clear()
 
 
 def test_loading_the_kernel_leaves_float_behaviour_alone(kernel):
@@ -95,28 +98,40 @@ def test_loading_the_kernel_leaves_float_behaviour_alone(kernel):
     assert (torch.tensor([1e-39]) * 1.0).item() > 0
 
 
-def test_cpu_linears_run_on_onednn_and_fall_back_to_f_linear(tiny_llama, monkeypatch):
+@pytest.mark.parametrize("out_features,in_features", [(64, 48), (7, 19), (33, 770)])
+def test_matvec_kernel_equals_a_matrix_vector_product(out_features, in_features):
+    matvec = cpu_kernels.matvec_kernel()
+    g = torch.Generator().manual_seed(out_features)
+    w, x = torch.randn(out_features, in_features, generator=g), torch.randn(in_features, generator=g)
+    torch.testing.assert_close(matvec(w, x), (w.double() @ x.double()).float(), rtol=1e-5, atol=1e-5)
+
+
+def test_cpu_linears_run_on_onednn_and_the_c_matvec_with_the_outputs_of_f_linear(tiny_llama, monkeypatch):
     params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, logprobs=1)
     prompts = [list(range(3, 40)), [7, 8, 9]]
     fast = LLM(tiny_llama, kv_cache_memory_gib=0.02)
     layer = fast.engine.runner.model.lm_head
-    assert layer.forward.func is onednn_linear._forward and layer.weight.is_contiguous()
+    assert layer.forward.func is cpu_linear._forward and layer.weight.is_contiguous()
+    assert layer.forward.args[1] is True and layer.forward.args[2] is not None  # oneDNN and the C matvec
 
     def broken(*args):
         raise RuntimeError("no oneDNN here")
 
-    monkeypatch.setattr(onednn_linear, "_linear", broken)
-    onednn_linear.onednn_linear_works.cache_clear()
+    monkeypatch.setattr(cpu_linear, "_linear", broken)
+    monkeypatch.setattr(cpu_linear, "matvec_kernel", lambda: None)
+    cpu_linear.onednn_linear_works.cache_clear()
     try:
         plain = LLM(tiny_llama, kv_cache_memory_gib=0.02)
     finally:
         monkeypatch.undo()
-        onednn_linear.onednn_linear_works.cache_clear()
+        cpu_linear.onednn_linear_works.cache_clear()
     layer = plain.engine.runner.model.lm_head
     assert not hasattr(layer.forward, "func") and not layer.weight.is_contiguous()  # F.linear on [in, out]
-    for x, y in zip(fast.generate(prompts, params, use_tqdm=False), plain.generate(prompts, params, use_tqdm=False),
-                    strict=True):
-        assert x.outputs[0].token_ids == y.outputs[0].token_ids
-        lx = [next(iter(d.values())).logprob for d in x.outputs[0].logprobs]
-        ly = [next(iter(d.values())).logprob for d in y.outputs[0].logprobs]
-        assert max(abs(p - q) for p, q in zip(lx, ly, strict=True)) < 1e-4
+    one_row = [[7, 8, 9]]  # n = 1: every decode step is a single row
+    for batch in (prompts, one_row):
+        for x, y in zip(fast.generate(batch, params, use_tqdm=False), plain.generate(batch, params, use_tqdm=False),
+                        strict=True):
+            assert x.outputs[0].token_ids == y.outputs[0].token_ids
+            lx = [next(iter(d.values())).logprob for d in x.outputs[0].logprobs]
+            ly = [next(iter(d.values())).logprob for d in y.outputs[0].logprobs]
+            assert max(abs(p - q) for p, q in zip(lx, ly, strict=True)) < 1e-4

@@ -1,10 +1,13 @@
 """C kernels for the CPU, built on first use with the system's C compiler, as Inductor builds its own.
 
-One kernel so far: decode attention read straight from the paged KV cache (csrc/paged_attention.c).
-It took decode attention from gather + SDPA's 4.7 to 8.9 GB/s of K/V read (/tmp-style microbenchmark
-of 200 decodes, 2026-12-03). The shared library is cached under ~/.cache/argosy/kernels, keyed by the
-source, the flags, the compiler and the CPU (it is built with -march=native). Where building fails, or
-ARGOSY_CPU_KERNELS=0, the engine logs it and keeps gather + SDPA.
+- csrc/paged_attention.c: decode attention read straight from the paged KV cache. On the 2-core test
+  machine it took decode attention from gather + SDPA's 4.7 to 10.4-10.9 GB/s of K/V read
+  (/tmp-style microbenchmark of 200 decodes, 2026-12-03).
+- csrc/matvec.c: one row times a weight matrix, for steps that decode a single sequence.
+
+The shared library is cached under ~/.cache/argosy/kernels, keyed by the sources, the flags, the
+compiler and the CPU (it is built with -march=native). Where building fails, or with
+ARGOSY_CPU_KERNELS=0, the engine logs it and keeps plain PyTorch (gather + SDPA, oneDNN linears).
 """
 
 from __future__ import annotations
@@ -24,12 +27,14 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).parent / "csrc" / "paged_attention.c"
+SOURCES = [Path(__file__).parent / "csrc" / name for name in ("paged_attention.c", "matvec.c")]
 # Not -ffast-math: with GCC 12 a shared library built with it turns on flush-to-zero for the whole process.
 FLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math", "-fassociative-math", "-fno-signed-zeros",
          "-fopenmp", "-shared", "-fPIC"]
 
 DecodeKernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, float], torch.Tensor]
+MatvecKernel = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+I64, PTR = ctypes.c_int64, ctypes.c_void_p
 
 
 def _cpu_identity() -> str:
@@ -42,18 +47,19 @@ def _cpu_identity() -> str:
 
 def _build(compiler: str) -> Path:
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=True).stdout
-    key = hashlib.sha256("\0".join([SOURCE.read_text(), *FLAGS, version, _cpu_identity()]).encode()).hexdigest()
+    parts = [*(s.read_text() for s in SOURCES), *FLAGS, version, _cpu_identity()]
+    key = hashlib.sha256("\0".join(parts).encode()).hexdigest()
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "argosy" / "kernels"
-    target = cache / f"paged_attention-{key[:16]}.so"
+    target = cache / f"argosy-cpu-{key[:16]}.so"
     if target.exists():
         return target
     cache.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=cache, suffix=".so")
     os.close(fd)
     try:
-        subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", tmp], capture_output=True, text=True,
+        subprocess.run([compiler, *FLAGS, *map(str, SOURCES), "-o", tmp], capture_output=True, text=True,
                        check=True, timeout=120)
-        os.replace(tmp, target)  # atomic: a process building the same kernel at once loses nothing
+        os.replace(tmp, target)  # atomic: a process building the same kernels at once loses nothing
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
@@ -61,8 +67,7 @@ def _build(compiler: str) -> Path:
 
 
 @functools.cache
-def paged_decode_kernel() -> DecodeKernel | None:
-    """The decode attention kernel, or None (logged) where it cannot be built or is switched off."""
+def _library() -> ctypes.CDLL | None:
     if os.environ.get("ARGOSY_CPU_KERNELS", "1") == "0":
         return None
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
@@ -72,12 +77,20 @@ def paged_decode_kernel() -> DecodeKernel | None:
         lib = ctypes.CDLL(str(_build(compiler)))
     except (OSError, RuntimeError, subprocess.SubprocessError) as e:
         detail = getattr(e, "stderr", "") or e
-        logger.warning("CPU attention kernel unavailable (%s); decode attention uses gather + SDPA", detail)
+        logger.warning("CPU kernels unavailable (%s); using plain PyTorch (gather + SDPA, oneDNN linears)", detail)
+        return None
+    lib.paged_decode_attention_f32.argtypes = [PTR, PTR, PTR, I64, PTR, PTR, *[I64] * 6, ctypes.c_float, I64]
+    lib.matvec_f32.argtypes = [PTR, PTR, PTR, I64, I64, I64]
+    lib.paged_decode_attention_f32.restype = lib.matvec_f32.restype = None
+    return lib
+
+
+def paged_decode_kernel() -> DecodeKernel | None:
+    """The decode attention kernel, or None (logged) where it cannot be built or is switched off."""
+    lib = _library()
+    if lib is None:
         return None
     fn = lib.paged_decode_attention_f32
-    i64, ptr = ctypes.c_int64, ctypes.c_void_p
-    fn.argtypes = [ptr, ptr, ptr, i64, ptr, ptr, i64, i64, i64, i64, i64, i64, ctypes.c_float, i64]
-    fn.restype = None
 
     def run(q: torch.Tensor, kv_cache: torch.Tensor, tables: torch.Tensor, lens: torch.Tensor,
             scale: float) -> torch.Tensor:
@@ -94,5 +107,22 @@ def paged_decode_kernel() -> DecodeKernel | None:
         fn(q.data_ptr(), kv_cache.data_ptr(), tables.data_ptr(), tables.shape[1], lens.data_ptr(),
            out.data_ptr(), n, heads, kv_heads, dim, block_size, num_blocks, scale, torch.get_num_threads())
         return out
+
+    return run
+
+
+def matvec_kernel() -> MatvecKernel | None:
+    """w [out, in] (contiguous float32) times x [in] -> [out]; None where the kernels are unavailable."""
+    lib = _library()
+    if lib is None:
+        return None
+    fn = lib.matvec_f32
+
+    def run(w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        x = x.contiguous()
+        assert w.is_contiguous() and w.dtype == x.dtype == torch.float32 and x.shape == (w.shape[1],)
+        y = torch.empty(w.shape[0], dtype=w.dtype)
+        fn(w.data_ptr(), x.data_ptr(), y.data_ptr(), w.shape[0], w.shape[1], torch.get_num_threads())
+        return y
 
     return run

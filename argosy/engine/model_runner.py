@@ -13,9 +13,9 @@ from argosy.engine.attention import AttentionMetadata, DecodeGroup, PrefillChunk
 from argosy.engine.checkpoint import ModelConfig, iter_weights, load_model_config
 from argosy.engine.config import DTYPES, EngineConfig
 from argosy.engine.cpu_kernels import DecodeKernel, paged_decode_kernel
+from argosy.engine.cpu_linear import route_cpu_linears
 from argosy.engine.matvec import enable_compiled_matvec
 from argosy.engine.models.llama import LlamaForCausalLM, rope_inv_freq
-from argosy.engine.onednn_linear import route_linears_through_onednn
 from argosy.engine.sequence import Sequence
 
 logger = logging.getLogger(__name__)
@@ -103,9 +103,9 @@ class ModelRunner:
         model.inv_freq = rope_inv_freq(self.model_config).to(self.device)
         model.load_weights(iter_weights(config.model, self.device))
         if self.device.type == "cpu":
-            onednn = route_linears_through_onednn(model)
+            routed = route_cpu_linears(model)
             matvec = config.compile_matvec and enable_compiled_matvec(model)  # wraps the one-row case
-            if not (onednn or matvec):  # both want [out, in] weights; F.linear (MKL) does better with [in, out]
+            if not (routed or matvec):  # both want [out, in] weights; F.linear (MKL) does better with [in, out]
                 store_linears_transposed(model)
         self.model = model.eval()
         self.num_blocks = self._num_kv_blocks()
