@@ -135,3 +135,22 @@ def test_cpu_linears_run_on_onednn_and_the_c_matvec_with_the_outputs_of_f_linear
             lx = [next(iter(d.values())).logprob for d in x.outputs[0].logprobs]
             ly = [next(iter(d.values())).logprob for d in y.outputs[0].logprobs]
             assert max(abs(p - q) for p, q in zip(lx, ly, strict=True)) < 1e-4
+
+
+def test_a_rank_without_the_kernel_attends_the_kernels_group_with_a_mask(kernel, monkeypatch):
+    # In a parallel engine the driver builds the batch; a rank that could not build the kernel gets the
+    # kernel's one group (context lengths, no mask) and must attend to it all the same.
+    from argosy.engine.attention import AttentionMetadata, DecodeGroup, paged_attention
+
+    g = torch.Generator().manual_seed(3)
+    kv_cache = torch.randn(2, 32, 16, 2, 32, generator=g)
+    lens = torch.tensor([5, 40, 17])
+    tables = torch.stack([torch.randperm(32, generator=g)[:3] for _ in range(3)])
+    q = torch.randn(3, 6, 32, generator=g)
+    meta = AttentionMetadata(torch.zeros(0, dtype=torch.long), [DecodeGroup(0, 3, tables, None, context_lens=lens)], [])
+    k = torch.empty(3, 2, 32)
+    expected = kernel(q, kv_cache, tables, lens, 0.2)
+    monkeypatch.setattr(cpu_kernels, "_library", lambda: None)
+    import argosy.engine.attention as attention
+    assert attention.paged_decode_kernel() is None
+    torch.testing.assert_close(paged_attention(q, k, k, kv_cache, meta, 0.2), expected, rtol=1e-5, atol=1e-5)

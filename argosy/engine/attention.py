@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from argosy.engine.cpu_kernels import DecodeKernel
+from argosy.engine.cpu_kernels import paged_decode_kernel
 
 
 @dataclass
@@ -34,7 +34,7 @@ class DecodeGroup:
     block_table: torch.Tensor  # [count, max_blocks] (padded with block 0)
     mask: torch.Tensor | None  # [count, 1, 1, max_blocks * block_size] True where a slot is real
     context_len: int = 0  # a lone decode (count 1) has no mask: its K/V are cut to this length instead
-    context_lens: torch.Tensor | None = None  # [count] int64, for the decode kernel (which needs no mask)
+    context_lens: torch.Tensor | None = None  # [count] int64: set (and no mask) for the C decode kernel
 
 
 @dataclass
@@ -42,7 +42,6 @@ class AttentionMetadata:
     slot_mapping: torch.Tensor  # [T] cache slot written by each token
     decode_groups: list[DecodeGroup]  # the decodes come first in the batch
     prefills: list[PrefillChunk]
-    decode_kernel: DecodeKernel | None = None  # when set, all decodes form one group with context_lens
 
 
 def write_kv(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
@@ -69,14 +68,20 @@ def paged_attention(
         # One query per sequence: fold the query heads that share a KV head into the "query length"
         # axis ([n, kv_heads, group, dim]), so grouped-query attention needs no repeat of K/V.
         s, n = grp.start, grp.count
-        if meta.decode_kernel is not None:
-            out[s:s + n] = meta.decode_kernel(q[s:s + n], kv_cache, grp.block_table, grp.context_lens, scale)
-            continue
+        mask = grp.mask
+        if grp.context_lens is not None:
+            kernel = paged_decode_kernel() if q.device.type == "cpu" and q.dtype == torch.float32 else None
+            if kernel is not None:
+                out[s:s + n] = kernel(q[s:s + n], kv_cache, grp.block_table, grp.context_lens, scale)
+                continue
+            # A rank that could not build the kernel (the driver could): mask the padded group instead.
+            width = grp.block_table.shape[1] * kv_cache.shape[2]
+            mask = (torch.arange(width, device=q.device) < grp.context_lens.unsqueeze(1)).view(n, 1, 1, width)
         qd = q[s:s + n].view(n, num_kv_heads, group, head_dim)
         kd, vd = gather_blocks(kv_cache, grp.block_table)
-        if grp.mask is None:
+        if mask is None:
             kd, vd = kd[:, :grp.context_len], vd[:, :grp.context_len]
-        od = F.scaled_dot_product_attention(qd, kd.transpose(1, 2), vd.transpose(1, 2), attn_mask=grp.mask,
+        od = F.scaled_dot_product_attention(qd, kd.transpose(1, 2), vd.transpose(1, 2), attn_mask=mask,
                                             scale=scale)
         out[s:s + n] = od.reshape(n, num_heads, head_dim)
 

@@ -196,7 +196,6 @@ class ModelRunner:
             slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev),
             decode_groups=groups,
             prefills=chunks,
-            decode_kernel=self.decode_kernel,
         )
         return BatchInputs(
             input_ids=torch.tensor(input_ids, dtype=torch.long, device=dev),
