@@ -87,10 +87,18 @@ def test_without_the_kernel_the_engine_logs_it_and_uses_gather_and_sdpa(tiny_lla
         assert llm.engine.runner.model.lm_head.forward.args[1:] == (True, None)  # oneDNN, no C matvec
         if "CC" in env:
             assert "CPU kernels unavailable" in caplog.text
-        out = llm.generate([[5, 6, 7]], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True), use_tqdm=False)
-        assert len(out[0].outputs[0].token_ids) == 4
+        params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=1)
+        prompts = [[5, 6, 7], list(range(3, 50))]
+        plain = llm.generate(prompts, params, use_tqdm=False)
     finally:
+        monkeypatch.undo()
         cpu_kernels._library.cache_clear()
+    for x, y in zip(LLM(tiny_llama, kv_cache_memory_gib=0.02).generate(prompts, params, use_tqdm=False), plain,
+                    strict=True):  # the default engine, with every C kernel
+        assert x.outputs[0].token_ids == y.outputs[0].token_ids
+        lx = [next(iter(d.values())).logprob for d in x.outputs[0].logprobs]
+        ly = [next(iter(d.values())).logprob for d in y.outputs[0].logprobs]
+        assert max(abs(p - q) for p, q in zip(lx, ly, strict=True)) < 1e-4
 
 
 def test_loading_the_kernel_leaves_float_behaviour_alone(kernel):
@@ -154,3 +162,24 @@ def test_a_rank_without_the_kernel_attends_the_kernels_group_with_a_mask(kernel,
     import argosy.engine.attention as attention
     assert attention.paged_decode_kernel() is None
     torch.testing.assert_close(paged_attention(q, k, k, kv_cache, meta, 0.2), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_rms_norm_and_rope_kernels_equal_the_pytorch_ops():
+    from argosy.engine.models.llama import RMSNorm, apply_rope
+
+    g = torch.Generator().manual_seed(5)
+    norm = RMSNorm(48, 1e-5)
+    norm.weight.data = torch.randn(48, generator=g)
+    x = torch.randn(7, 48, generator=g) * 3
+    expected = norm(x)  # the class default: no kernel
+    torch.testing.assert_close(cpu_kernels.rms_norm_kernel()(x, norm.weight, 1e-5), expected, rtol=1e-5, atol=1e-6)
+
+    heads, kv_heads, dim, rows = 4, 2, 16, 5
+    qkv = torch.randn(rows, (heads + 2 * kv_heads) * dim, generator=g)
+    freqs = torch.arange(rows).float().unsqueeze(1) * torch.rand(dim // 2, generator=g)
+    cos, sin = freqs.cos().unsqueeze(1), freqs.sin().unsqueeze(1)
+    qk = qkv[:, :(heads + kv_heads) * dim].view(rows, heads + kv_heads, dim)
+    expected, v = apply_rope(qk, cos, sin), qkv[:, (heads + kv_heads) * dim:].clone()
+    cpu_kernels.rope_kernel()(qkv, cos, sin, heads + kv_heads, dim)
+    torch.testing.assert_close(qk, expected, rtol=1e-5, atol=1e-6)
+    assert torch.equal(qkv[:, (heads + kv_heads) * dim:], v)  # v is not touched

@@ -122,7 +122,7 @@ def test_a_freed_tensor_stays_in_the_heap_for_the_next_step():
 
     code = """
 import ctypes, sys, torch
-from argosy.engine.model_runner import keep_freed_memory
+from argosy.engine.cpu_memory import keep_freed_memory
 class Info(ctypes.Structure):  # glibc's struct mallinfo2
     _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
                                                 "fsmblks", "uordblks", "fordblks", "keepcost")]
@@ -142,6 +142,43 @@ print(mapped >> 20, info().fordblks >> 20)
     # its pages in again. Kept, it comes from the heap and returns there.
     assert mapped_default >= 64 and free_default < 64
     assert mapped_keep < 64 and free_keep >= 64
+
+
+def _transparent_huge_pages() -> bool:
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
+            return "[never]" not in f.read()
+    except OSError:
+        return False
+
+
+def test_cpu_weights_sit_in_huge_pages_where_the_kernel_offers_them(tiny_llama):
+    import subprocess
+    import sys
+
+    code = """
+import sys, torch
+from argosy.engine.cpu_memory import weights_in_huge_pages
+from argosy.engine.model_runner import LlamaForCausalLM, load_model_config
+def huge_kib():
+    with open("/proc/self/smaps_rollup") as f:
+        return int(f.read().split("AnonHugePages:")[1].split()[0])
+model = LlamaForCausalLM(load_model_config(sys.argv[1]))
+model.lm_head.weight = model.embed_tokens.weight  # tied: one weight, moved once
+before = {n: p.detach().clone() for n, p in model.named_parameters()}
+kib = huge_kib()
+moved = weights_in_huge_pages(model) if sys.argv[2] == "move" else False
+assert model.lm_head.weight is model.embed_tokens.weight
+assert all(torch.equal(before[n], p) for n, p in model.named_parameters())
+print(moved, huge_kib() - kib)
+"""
+    runs = {mode: subprocess.run([sys.executable, "-c", code, tiny_llama, mode], capture_output=True, text=True,
+                                 check=True).stdout.split() for mode in ("move", "stay")}
+    assert runs["stay"] == ["False", "0"]  # nothing else in the process asks for huge pages
+    if _transparent_huge_pages():
+        assert runs["move"][0] == "True" and int(runs["move"][1]) >= 2048
+    else:  # the kernel has them off: the weights stay where they are
+        assert runs["move"] == ["False", "0"]
 
 
 def test_the_cpu_token_budget_follows_the_use_offline_or_serving(tiny_llama):

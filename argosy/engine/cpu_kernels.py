@@ -4,6 +4,7 @@
   machine it took decode attention from gather + SDPA's 4.7 to 10.4-10.9 GB/s of K/V read
   (/tmp-style microbenchmark of 200 decodes, 2026-12-03).
 - csrc/matvec.c: one row times a weight matrix, for steps that decode a single sequence.
+- csrc/small_ops.c: RMS norm and RoPE, one call each instead of eight PyTorch ops.
 
 The shared library is cached under ~/.cache/argosy/kernels, keyed by the sources, the flags, the
 compiler and the CPU (it is built with -march=native). Where building fails, or with
@@ -27,7 +28,7 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-SOURCES = [Path(__file__).parent / "csrc" / name for name in ("paged_attention.c", "matvec.c")]
+SOURCES = [Path(__file__).parent / "csrc" / name for name in ("paged_attention.c", "matvec.c", "small_ops.c")]
 # Not -ffast-math: with GCC 12 a shared library built with it turns on flush-to-zero for the whole process.
 FLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math", "-fassociative-math", "-fno-signed-zeros",
          "-fopenmp", "-shared", "-fPIC"]
@@ -81,7 +82,10 @@ def _library() -> ctypes.CDLL | None:
         return None
     lib.paged_decode_attention_f32.argtypes = [PTR, PTR, PTR, I64, PTR, PTR, *[I64] * 6, ctypes.c_float, I64]
     lib.matvec_f32.argtypes = [PTR, PTR, PTR, I64, I64, I64]
-    lib.paged_decode_attention_f32.restype = lib.matvec_f32.restype = None
+    lib.rms_norm_f32.argtypes = [PTR, PTR, PTR, I64, I64, ctypes.c_float, I64]
+    lib.rope_f32.argtypes = [PTR, PTR, PTR, I64, I64, I64, I64, I64]
+    for fn in (lib.paged_decode_attention_f32, lib.matvec_f32, lib.rms_norm_f32, lib.rope_f32):
+        fn.restype = None
     return lib
 
 
@@ -124,5 +128,40 @@ def matvec_kernel() -> MatvecKernel | None:
         y = torch.empty(w.shape[0], dtype=w.dtype)
         fn(w.data_ptr(), x.data_ptr(), y.data_ptr(), w.shape[0], w.shape[1], torch.get_num_threads())
         return y
+
+    return run
+
+
+def rms_norm_kernel() -> Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor] | None:
+    """x [rows, dim], weight [dim] (float32) -> weight * x / sqrt(mean(x^2) + eps); None if unavailable."""
+    lib = _library()
+    if lib is None:
+        return None
+    fn = lib.rms_norm_f32
+
+    def run(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        x = x.contiguous()
+        assert x.dtype == weight.dtype == torch.float32 and x.dim() == 2 and weight.shape == (x.shape[1],)
+        out = torch.empty_like(x)
+        fn(x.data_ptr(), weight.data_ptr(), out.data_ptr(), x.shape[0], x.shape[1], eps, torch.get_num_threads())
+        return out
+
+    return run
+
+
+def rope_kernel() -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int, int], None] | None:
+    """Rotates in place the first `heads` heads (of `head_dim`) of each row of x [rows, width];
+    cos, sin [rows, 1, head_dim / 2] (float32). None if unavailable."""
+    lib = _library()
+    if lib is None:
+        return None
+    fn = lib.rope_f32
+
+    def run(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: int, head_dim: int) -> None:
+        rows = x.shape[0]
+        assert x.is_contiguous() and cos.is_contiguous() and sin.is_contiguous()
+        assert x.dtype == cos.dtype == sin.dtype == torch.float32 and heads * head_dim <= x.shape[1]
+        assert cos.numel() == sin.numel() == rows * (head_dim // 2)
+        fn(x.data_ptr(), cos.data_ptr(), sin.data_ptr(), rows, x.shape[1], heads, head_dim, torch.get_num_threads())
 
     return run

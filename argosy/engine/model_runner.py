@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import ctypes
 import logging
-import sys
 from dataclasses import dataclass
 
 import torch
@@ -12,10 +10,11 @@ import torch
 from argosy.engine.attention import AttentionMetadata, DecodeGroup, PrefillChunk
 from argosy.engine.checkpoint import ModelConfig, iter_weights, load_model_config
 from argosy.engine.config import DTYPES, EngineConfig
-from argosy.engine.cpu_kernels import DecodeKernel, paged_decode_kernel
+from argosy.engine.cpu_kernels import DecodeKernel, paged_decode_kernel, rms_norm_kernel, rope_kernel
 from argosy.engine.cpu_linear import route_cpu_linears
+from argosy.engine.cpu_memory import keep_freed_memory, weights_in_huge_pages
 from argosy.engine.matvec import enable_compiled_matvec
-from argosy.engine.models.llama import LlamaForCausalLM, rope_inv_freq
+from argosy.engine.models.llama import Attention, LlamaForCausalLM, RMSNorm, rope_inv_freq
 from argosy.engine.sequence import Sequence
 
 logger = logging.getLogger(__name__)
@@ -46,24 +45,14 @@ def store_linears_transposed(model: torch.nn.Module) -> None:
             module.weight = torch.nn.Parameter(module.weight.data.t().contiguous().t(), requires_grad=False)
 
 
-def keep_freed_memory() -> None:
-    """glibc: serve large tensors from the heap and keep freed memory there for the next step.
-
-    By default glibc maps each allocation above a few MB afresh and unmaps it when freed, so every
-    step's large temporaries (gathered K/V, activations) fault in zeroed pages again: keeping them took
-    40% off the time of bench/engine_throughput.py's 256 requests (2026-12-03). tcmalloc and jemalloc,
-    which vLLM's CPU backend preloads, keep freed memory the same way. The process then holds its peak
-    memory, as a serving engine does anyway.
-    """
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):  # not glibc
-        return
-    m_trim_threshold, m_mmap_max = -1, -4
-    mallopt(m_mmap_max, 0)
-    mallopt(m_trim_threshold, 2**31 - 1)
+def use_small_op_kernels(model: torch.nn.Module) -> None:
+    """RMS norm and RoPE through the C kernels of cpu_kernels (CPU, float32), where they could be built."""
+    norm, rope = rms_norm_kernel(), rope_kernel()
+    for module in model.modules():
+        if isinstance(module, RMSNorm):
+            module.kernel = norm
+        elif isinstance(module, Attention):
+            module.rope_kernel = rope
 
 
 def available_memory() -> float:
@@ -107,6 +96,9 @@ class ModelRunner:
             matvec = config.compile_matvec and enable_compiled_matvec(model)  # wraps the one-row case
             if not (routed or matvec):  # both want [out, in] weights; F.linear (MKL) does better with [in, out]
                 store_linears_transposed(model)
+            if self.dtype == torch.float32:
+                use_small_op_kernels(model)
+            weights_in_huge_pages(model)
         self.model = model.eval()
         self.num_blocks = self._num_kv_blocks()
         cfg = self.model_config

@@ -14,12 +14,16 @@ from argosy.engine.checkpoint import ModelConfig
 
 
 class RMSNorm(nn.Module):
+    kernel = None  # on the CPU: the C RMS norm of cpu_kernels, set by the model runner (float32 only)
+
     def __init__(self, dim: int, eps: float):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.kernel is not None and x.dim() == 2 and x.dtype == torch.float32:
+            return self.kernel(x, self.weight, self.eps)
         # As transformers does: normalise in float32, scale in the model dtype. (F.rms_norm is several
         # times slower than these three ops on the CPU in torch 2.13.)
         h = x.float()
@@ -52,6 +56,8 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 class Attention(nn.Module):
+    rope_kernel = None  # on the CPU: the C RoPE of cpu_kernels, set by the model runner (float32 only)
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
@@ -75,7 +81,11 @@ class Attention(nn.Module):
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         else:  # q and k lie side by side: one rotation for both halves the small ops of a decode step
             qk = qkv[:, :self.q_size + self.kv_size].view(t, self.num_heads + self.num_kv_heads, self.head_dim)
-            q, k = apply_rope(qk, cos, sin).split([self.num_heads, self.num_kv_heads], dim=1)
+            if self.rope_kernel is not None and qkv.dtype == torch.float32:
+                self.rope_kernel(qkv, cos, sin, self.num_heads + self.num_kv_heads, self.head_dim)  # in place
+            else:
+                qk = apply_rope(qk, cos, sin)
+            q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
         # Every new K/V is written before any attention reads the cache: a sequence may read blocks
         # that another sequence in this same batch computes (prefix hits on freshly cached blocks).
         write_kv(kv_cache, k, v, meta.slot_mapping)

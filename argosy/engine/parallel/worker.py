@@ -22,7 +22,8 @@ import torch.distributed as dist
 
 from argosy.engine.checkpoint import load_model_config
 from argosy.engine.config import EngineConfig
-from argosy.engine.model_runner import BatchInputs, ModelRunner, keep_freed_memory, resolve_dtype
+from argosy.engine.cpu_memory import keep_freed_memory
+from argosy.engine.model_runner import BatchInputs, ModelRunner, resolve_dtype
 from argosy.engine.models.llama import rope_inv_freq
 from argosy.engine.parallel.control import connect_to_driver
 from argosy.engine.parallel.model import ShardedLlama, load_shard, local_config

@@ -1,0 +1,45 @@
+/* The per-token small ops of a layer, float32, on the CPU: RMS norm and rotary embedding.
+ *
+ * Each replaces several PyTorch ops (RMS norm: 8 dispatched ops; RoPE: 8), whose dispatch costs
+ * more than their arithmetic on a step of one token. Rows are split over the threads only when there
+ * are many (a prefill chunk).
+ */
+#include <stdint.h>
+
+/* out[r] = w * x[r] / sqrt(mean(x[r]^2) + eps), as transformers' LlamaRMSNorm in float32.
+ * x, out [rows, dim] (may alias), w [dim]. */
+void rms_norm_f32(const float *x, const float *w, float *out, int64_t rows, int64_t dim, float eps,
+                  int64_t threads)
+{
+#pragma omp parallel for schedule(static) num_threads(threads) if (rows * dim >= 1 << 16)
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * dim;
+        float ss = 0.0f;
+        for (int64_t d = 0; d < dim; d++)
+            ss += xr[d] * xr[d];
+        const float inv = 1.0f / __builtin_sqrtf(ss / (float)dim + eps);
+        float *o = out + r * dim;
+        for (int64_t d = 0; d < dim; d++)
+            o[d] = w[d] * (xr[d] * inv);
+    }
+}
+
+/* Rotates, in place, the first `heads` heads of each of `rows` rows (row stride `stride` floats):
+ * the rotate-half layout of Hugging Face checkpoints. cos, sin [rows, dim / 2]. */
+void rope_f32(float *x, const float *cos, const float *sin, int64_t rows, int64_t stride, int64_t heads,
+              int64_t dim, int64_t threads)
+{
+    const int64_t half = dim / 2;
+#pragma omp parallel for schedule(static) num_threads(threads) if (rows * heads * dim >= 1 << 16)
+    for (int64_t r = 0; r < rows; r++) {
+        const float *c = cos + r * half, *s = sin + r * half;
+        for (int64_t h = 0; h < heads; h++) {
+            float *x1 = x + r * stride + h * dim, *x2 = x1 + half;
+            for (int64_t i = 0; i < half; i++) {
+                const float a = x1[i], b = x2[i];
+                x1[i] = a * c[i] - b * s[i];
+                x2[i] = b * c[i] + a * s[i];
+            }
+        }
+    }
+}
