@@ -183,3 +183,17 @@ def test_rms_norm_and_rope_kernels_equal_the_pytorch_ops():
     cpu_kernels.rope_kernel()(qkv, cos, sin, heads + kv_heads, dim)
     torch.testing.assert_close(qk, expected, rtol=1e-5, atol=1e-6)
     assert torch.equal(qkv[:, (heads + kv_heads) * dim:], v)  # v is not touched
+
+
+def test_write_kv_kernel_fills_the_slots_as_index_copy_does_and_refuses_a_slot_outside_the_cache():
+    g = torch.Generator().manual_seed(9)
+    qkv = torch.randn(4, 6 * 16, generator=g)  # 2 query heads, then k and v of 2 KV heads, dim 16
+    k, v = qkv[:, 32:64].view(4, 2, 16), qkv[:, 64:].view(4, 2, 16)
+    slots = torch.tensor([5, 0, 63, 17])
+    got, expected = torch.zeros(2, 4, 16, 2, 16), torch.zeros(2, 4, 16, 2, 16)
+    cpu_kernels.write_kv_kernel()(got, k, v, slots)
+    expected.view(2, -1, 2, 16)[0].index_copy_(0, slots, k)
+    expected.view(2, -1, 2, 16)[1].index_copy_(0, slots, v)
+    assert torch.equal(got, expected)
+    with pytest.raises(IndexError, match="outside the cache"):
+        cpu_kernels.write_kv_kernel()(got, k, v, torch.tensor([5, 0, 64, 17]))

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from argosy.engine.cpu_kernels import paged_decode_kernel
+from argosy.engine.cpu_kernels import paged_decode_kernel, write_kv_kernel
 
 
 @dataclass
@@ -46,6 +46,11 @@ class AttentionMetadata:
 
 def write_kv(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
     """kv_cache: [2, num_blocks, block_size, kv_heads, head_dim]; k, v: [T, kv_heads, head_dim]."""
+    heads_contiguous = k.stride(2) == v.stride(2) == 1 and k.stride(1) == v.stride(1) == k.shape[2]
+    if kv_cache.device.type == "cpu" and kv_cache.dtype == torch.float32 and heads_contiguous:
+        kernel = write_kv_kernel()  # one C call a layer instead of two index_copy_ and their views
+        if kernel is not None:
+            return kernel(kv_cache, k, v, slot_mapping)
     flat = kv_cache.view(2, -1, k.shape[1], k.shape[2])
     flat[0].index_copy_(0, slot_mapping, k)
     flat[1].index_copy_(0, slot_mapping, v)

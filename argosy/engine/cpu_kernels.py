@@ -4,7 +4,8 @@
   machine it took decode attention from gather + SDPA's 4.7 to 10.4-10.9 GB/s of K/V read
   (/tmp-style microbenchmark of 200 decodes, 2026-12-03).
 - csrc/matvec.c: one row times a weight matrix, for steps that decode a single sequence.
-- csrc/small_ops.c: RMS norm and RoPE, one call each instead of eight PyTorch ops.
+- csrc/small_ops.c: RMS norm and RoPE, one call each instead of eight PyTorch ops; the write of a
+  step's K/V into the cache.
 
 The shared library is cached under ~/.cache/argosy/kernels, keyed by the sources, the flags, the
 compiler and the CPU (it is built with -march=native). Where building fails, or with
@@ -84,8 +85,10 @@ def _library() -> ctypes.CDLL | None:
     lib.matvec_f32.argtypes = [PTR, PTR, PTR, I64, I64, I64]
     lib.rms_norm_f32.argtypes = [PTR, PTR, PTR, I64, I64, ctypes.c_float, I64]
     lib.rope_f32.argtypes = [PTR, PTR, PTR, I64, I64, I64, I64, I64]
+    lib.write_kv_f32.argtypes = [PTR, PTR, PTR, I64, I64, PTR, I64, I64, I64]
     for fn in (lib.paged_decode_attention_f32, lib.matvec_f32, lib.rms_norm_f32, lib.rope_f32):
         fn.restype = None
+    lib.write_kv_f32.restype = I64
     return lib
 
 
@@ -163,5 +166,27 @@ def rope_kernel() -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int, in
         assert x.dtype == cos.dtype == sin.dtype == torch.float32 and heads * head_dim <= x.shape[1]
         assert cos.numel() == sin.numel() == rows * (head_dim // 2)
         fn(x.data_ptr(), cos.data_ptr(), sin.data_ptr(), rows, x.shape[1], heads, head_dim, torch.get_num_threads())
+
+    return run
+
+
+def write_kv_kernel() -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], None] | None:
+    """kv_cache [2, blocks, block_size, kv_heads, dim]; k, v [T, kv_heads, dim] with each token's heads
+    contiguous; slots [T] int64. None if unavailable."""
+    lib = _library()
+    if lib is None:
+        return None
+    fn = lib.write_kv_f32
+
+    def run(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> None:
+        rows, heads, dim = k.shape
+        assert kv_cache.is_contiguous() and slots.is_contiguous() and slots.dtype == torch.int64
+        assert k.dtype == v.dtype == kv_cache.dtype == torch.float32 and v.shape == k.shape == (len(slots), heads, dim)
+        assert k.stride(2) == v.stride(2) == 1 and k.stride(1) == v.stride(1) == dim
+        num_slots = kv_cache.shape[1] * kv_cache.shape[2]
+        bad = fn(kv_cache.data_ptr(), k.data_ptr(), v.data_ptr(), k.stride(0), v.stride(0), slots.data_ptr(), rows,
+                 heads * dim, num_slots)
+        if bad:
+            raise IndexError(f"{bad} KV slot(s) outside the cache's {num_slots}")
 
     return run

@@ -43,3 +43,23 @@ void rope_f32(float *x, const float *cos, const float *sin, int64_t rows, int64_
         }
     }
 }
+
+/* Writes each token's K and V rows into its cache slot: cache [2, slots, row]; k, v [rows] rows of `row`
+ * floats, `k_stride`/`v_stride` apart (views into the fused qkv output). Returns the number of tokens
+ * whose slot was out of range (not written). */
+int64_t write_kv_f32(float *cache, const float *k, const float *v, int64_t k_stride, int64_t v_stride,
+                     const int64_t *slots, int64_t rows, int64_t row, int64_t num_slots)
+{
+    int64_t bad = 0;
+    float *v_cache = cache + num_slots * row;
+    for (int64_t t = 0; t < rows; t++) {
+        const int64_t slot = slots[t];
+        if (slot < 0 || slot >= num_slots) {
+            bad++;
+            continue;
+        }
+        __builtin_memcpy(cache + slot * row, k + t * k_stride, row * sizeof(float));
+        __builtin_memcpy(v_cache + slot * row, v + t * v_stride, row * sizeof(float));
+    }
+    return bad;
+}
