@@ -111,7 +111,9 @@ def test_matvec_kernel_equals_a_matrix_vector_product(out_features, in_features)
     matvec = cpu_kernels.matvec_kernel()
     g = torch.Generator().manual_seed(out_features)
     w, x = torch.randn(out_features, in_features, generator=g), torch.randn(in_features, generator=g)
-    torch.testing.assert_close(matvec(w, x), (w.double() @ x.double()).float(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(matvec(w, x[None]), (w.double() @ x.double()).float()[None], rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="float32"):
+        matvec(w, x[None].double())
 
 
 def test_cpu_linears_run_on_onednn_and_the_c_matvec_with_the_outputs_of_f_linear(tiny_llama, monkeypatch):

@@ -46,7 +46,7 @@ def onednn_linear_works(dtype: torch.dtype) -> bool:
 
 def _forward(module: nn.Linear, onednn: bool, matvec: MatvecKernel | None, x: torch.Tensor) -> torch.Tensor:
     if matvec is not None and x.dim() == 2 and x.shape[0] == 1:
-        y = matvec(module.weight, x[0]).unsqueeze(0)
+        y = matvec(module.weight, x)
         return y if module.bias is None else y + module.bias
     if onednn and x.dim() == 2:
         return _linear(x, module.weight, module.bias)
@@ -61,7 +61,8 @@ def route_cpu_linears(model: nn.Module) -> bool:
         return False
     dtype = linears[0].weight.dtype
     onednn = onednn_linear_works(dtype)
-    matvec = matvec_kernel() if dtype == torch.float32 else None
+    contiguous = all(m.weight.is_contiguous() and m.weight.dtype == torch.float32 for m in linears)
+    matvec = matvec_kernel() if contiguous else None
     if not onednn and matvec is None:
         return False
     for m in linears:
