@@ -1,11 +1,12 @@
-"""Opt-in (`compile_matvec`): a step of one token on the CPU through a compiled matrix-vector product.
+"""Opt-in (`compile_matvec`): a step of one token on the CPU through an Inductor-compiled product.
 
 A step with a single token (one sequence decoding) reads every weight once for one row, so it is bound
-by memory bandwidth. Behind F.linear, MKL's matrix-vector product streams the weights at about 12 GB/s
-on this 2-core machine, while a torch.compile'd row reduction over the [out, in] weight streams about
-26 GB/s (40 matrices of 3072 x 768, /tmp-style microbenchmark, 2026-12-03). Compiling costs seconds
-to tens of seconds per weight shape the first time (inductor keeps its kernels on disk for the next
-start), so it is off by default. Steps of more than one token keep the layer's own forward, which is faster there.
+by memory bandwidth. By default such a step goes through the C kernel of cpu_kernels.py (csrc/matvec.c);
+this is the alternative Inductor writes for the same row reduction over the [out, in] weight. In one
+process, alternating runs of bench/single_stream.py's model, the two took 15.6 and 15.5 ms a token
+(best of 10 each, 2026-12-03); MKL's matrix-vector product behind F.linear streams about half as fast.
+Compiling costs seconds to tens of seconds per weight shape the first time (Inductor keeps its kernels
+on disk for the next start), so it is off. Steps of more than one token keep the layer's own forward.
 Where compiling fails (no C++ compiler, say), the engine logs it and runs without.
 """
 

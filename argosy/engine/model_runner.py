@@ -88,6 +88,8 @@ class ModelRunner:
         with torch.device("meta"):
             model = LlamaForCausalLM(self.model_config)
         model = model.to_empty(device=self.device).to(self.dtype)
+        if self.device.type == "cpu":
+            weights_in_huge_pages(model)
         # to_empty left the rotary frequencies uninitialised; they stay float32 in any model dtype.
         model.inv_freq = rope_inv_freq(self.model_config).to(self.device)
         model.load_weights(iter_weights(config.model, self.device))
@@ -98,7 +100,6 @@ class ModelRunner:
                 store_linears_transposed(model)
             if self.dtype == torch.float32:
                 use_small_op_kernels(model)
-            weights_in_huge_pages(model)
         self.model = model.eval()
         self.num_blocks = self._num_kv_blocks()
         cfg = self.model_config
