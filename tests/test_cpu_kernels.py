@@ -20,6 +20,15 @@ def kernel():
     return k
 
 
+def assert_same_outputs(a, b, tol: float) -> None:
+    """Same greedy tokens, and the sampled tokens' logprobs within tol."""
+    for x, y in zip(a, b, strict=True):
+        assert x.outputs[0].token_ids == y.outputs[0].token_ids
+        lx = [next(iter(d.values())).logprob for d in x.outputs[0].logprobs]
+        ly = [next(iter(d.values())).logprob for d in y.outputs[0].logprobs]
+        assert max(abs(p - q) for p, q in zip(lx, ly, strict=True)) < tol
+
+
 def reference(q, kv_cache, tables, lens, scale):
     """Each sequence's K/V cut out of the cache token by token and attended with SDPA in float64."""
     _, _, bs, kv_heads, _ = kv_cache.shape
@@ -68,11 +77,7 @@ def test_the_engine_uses_the_kernel_by_default_with_the_outputs_of_gather_and_sd
     groups = [g for batch in seen for g in batch.meta.decode_groups]
     assert groups and all(g.context_lens is not None for g in groups)
     assert max(g.count for g in groups) == len(prompts)  # all decodes of a step in one call
-    for x, y in zip(a, b, strict=True):
-        assert x.outputs[0].token_ids == y.outputs[0].token_ids
-        lx = [next(iter(d.values())).logprob for d in x.outputs[0].logprobs]
-        ly = [next(iter(d.values())).logprob for d in y.outputs[0].logprobs]
-        assert max(abs(p - q) for p, q in zip(lx, ly, strict=True)) < 1e-5
+    assert_same_outputs(a, b, 1e-5)
 
 
 @pytest.mark.parametrize("env", [{"ARGOSY_CPU_KERNELS": "0"}, {"CC": "/bin/false"}])
@@ -93,12 +98,8 @@ def test_without_the_kernel_the_engine_logs_it_and_uses_gather_and_sdpa(tiny_lla
     finally:
         monkeypatch.undo()
         cpu_kernels._library.cache_clear()
-    for x, y in zip(LLM(tiny_llama, kv_cache_memory_gib=0.02).generate(prompts, params, use_tqdm=False), plain,
-                    strict=True):  # the default engine, with every C kernel
-        assert x.outputs[0].token_ids == y.outputs[0].token_ids
-        lx = [next(iter(d.values())).logprob for d in x.outputs[0].logprobs]
-        ly = [next(iter(d.values())).logprob for d in y.outputs[0].logprobs]
-        assert max(abs(p - q) for p, q in zip(lx, ly, strict=True)) < 1e-4
+    default = LLM(tiny_llama, kv_cache_memory_gib=0.02)  # with every C kernel
+    assert_same_outputs(default.generate(prompts, params, use_tqdm=False), plain, 1e-4)
 
 
 def test_loading_the_kernel_leaves_float_behaviour_alone(kernel):
@@ -139,12 +140,8 @@ def test_cpu_linears_run_on_onednn_and_the_c_matvec_with_the_outputs_of_f_linear
     assert not hasattr(layer.forward, "func") and not layer.weight.is_contiguous()  # F.linear on [in, out]
     one_row = [[7, 8, 9]]  # n = 1: every decode step is a single row
     for batch in (prompts, one_row):
-        for x, y in zip(fast.generate(batch, params, use_tqdm=False), plain.generate(batch, params, use_tqdm=False),
-                        strict=True):
-            assert x.outputs[0].token_ids == y.outputs[0].token_ids
-            lx = [next(iter(d.values())).logprob for d in x.outputs[0].logprobs]
-            ly = [next(iter(d.values())).logprob for d in y.outputs[0].logprobs]
-            assert max(abs(p - q) for p, q in zip(lx, ly, strict=True)) < 1e-4
+        assert_same_outputs(fast.generate(batch, params, use_tqdm=False), plain.generate(batch, params, use_tqdm=False),
+                            1e-4)
 
 
 def test_a_rank_without_the_kernel_attends_the_kernels_group_with_a_mask(kernel, monkeypatch):
