@@ -15,9 +15,8 @@ from argosy.engine import cpu_kernels, cpu_linear
 
 @pytest.fixture(scope="module")
 def kernel():
-    k = cpu_kernels.paged_decode_kernel()
-    assert k is not None, "the CPU kernel must build on the test machine (it has a C compiler)"
-    return k
+    assert cpu_kernels.available(), "the CPU kernels must build on the test machine (it has a C compiler)"
+    return cpu_kernels.paged_decode_attention
 
 
 def assert_same_outputs(a, b, tol: float) -> None:
@@ -66,12 +65,12 @@ def test_the_engine_uses_the_kernel_by_default_with_the_outputs_of_gather_and_sd
     prompts = [list(range(3, 3 + n)) for n in (5, 20, 33, 64, 90)]
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, logprobs=1)
     fast = LLM(tiny_llama, kv_cache_memory_gib=0.02)
-    assert fast.engine.runner.decode_kernel is not None
+    assert fast.engine.runner.decode_kernel
     seen = []
     prepare = fast.engine.runner.prepare
     fast.engine.runner.prepare = lambda scheduled: seen.append(prepare(scheduled)) or seen[-1]
     plain = LLM(tiny_llama, kv_cache_memory_gib=0.02)
-    plain.engine.runner.decode_kernel = None
+    plain.engine.runner.decode_kernel = False
     a = fast.generate(prompts, params, use_tqdm=False)
     b = plain.generate(prompts, params, use_tqdm=False)
     groups = [g for batch in seen for g in batch.meta.decode_groups]
@@ -88,8 +87,8 @@ def test_without_the_kernel_the_engine_logs_it_and_uses_gather_and_sdpa(tiny_lla
     try:
         with caplog.at_level(logging.WARNING, logger="argosy.engine.cpu_kernels"):
             llm = LLM(tiny_llama, kv_cache_memory_gib=0.02)
-        assert llm.engine.runner.decode_kernel is None
-        assert llm.engine.runner.model.lm_head.forward.args[1:] == (True, None)  # oneDNN, no C matvec
+        assert not llm.engine.runner.decode_kernel
+        assert llm.engine.runner.model.lm_head.forward.args[1:] == (True, False)  # oneDNN, no C matvec
         if "CC" in env:
             assert "CPU kernels unavailable" in caplog.text
         params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=1)
@@ -109,7 +108,7 @@ def test_loading_the_kernel_leaves_float_behaviour_alone(kernel):
 
 @pytest.mark.parametrize("out_features,in_features", [(64, 48), (7, 19), (33, 770)])
 def test_matvec_kernel_equals_a_matrix_vector_product(out_features, in_features):
-    matvec = cpu_kernels.matvec_kernel()
+    matvec = cpu_kernels.matvec
     g = torch.Generator().manual_seed(out_features)
     w, x = torch.randn(out_features, in_features, generator=g), torch.randn(in_features, generator=g)
     torch.testing.assert_close(matvec(w, x[None]), (w.double() @ x.double()).float()[None], rtol=1e-5, atol=1e-5)
@@ -123,13 +122,13 @@ def test_cpu_linears_run_on_onednn_and_the_c_matvec_with_the_outputs_of_f_linear
     fast = LLM(tiny_llama, kv_cache_memory_gib=0.02)
     layer = fast.engine.runner.model.lm_head
     assert layer.forward.func is cpu_linear._forward and layer.weight.is_contiguous()
-    assert layer.forward.args[1] is True and layer.forward.args[2] is not None  # oneDNN and the C matvec
+    assert layer.forward.args[1:] == (True, True)  # oneDNN and the C matvec
 
     def broken(*args):
         raise RuntimeError("no oneDNN here")
 
     monkeypatch.setattr(cpu_linear, "_linear", broken)
-    monkeypatch.setattr(cpu_linear, "matvec_kernel", lambda: None)
+    monkeypatch.setattr(cpu_kernels, "available", lambda: False)
     cpu_linear.onednn_linear_works.cache_clear()
     try:
         plain = LLM(tiny_llama, kv_cache_memory_gib=0.02)
@@ -158,8 +157,7 @@ def test_a_rank_without_the_kernel_attends_the_kernels_group_with_a_mask(kernel,
     k = torch.empty(3, 2, 32)
     expected = kernel(q, kv_cache, tables, lens, 0.2)
     monkeypatch.setattr(cpu_kernels, "_library", lambda: None)
-    import argosy.engine.attention as attention
-    assert attention.paged_decode_kernel() is None
+    assert not cpu_kernels.available()
     torch.testing.assert_close(paged_attention(q, k, k, kv_cache, meta, 0.2), expected, rtol=1e-5, atol=1e-5)
 
 
@@ -171,7 +169,7 @@ def test_rms_norm_and_rope_kernels_equal_the_pytorch_ops():
     norm.weight.data = torch.randn(48, generator=g)
     x = torch.randn(7, 48, generator=g) * 3
     expected = norm(x)  # the class default: no kernel
-    torch.testing.assert_close(cpu_kernels.rms_norm_kernel()(x, norm.weight, 1e-5), expected, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(cpu_kernels.rms_norm(x, norm.weight, 1e-5), expected, rtol=1e-5, atol=1e-6)
 
     heads, kv_heads, dim, rows = 4, 2, 16, 5
     qkv = torch.randn(rows, (heads + 2 * kv_heads) * dim, generator=g)
@@ -179,7 +177,7 @@ def test_rms_norm_and_rope_kernels_equal_the_pytorch_ops():
     cos, sin = freqs.cos().unsqueeze(1), freqs.sin().unsqueeze(1)
     qk = qkv[:, :(heads + kv_heads) * dim].view(rows, heads + kv_heads, dim)
     expected, v = apply_rope(qk, cos, sin), qkv[:, (heads + kv_heads) * dim:].clone()
-    cpu_kernels.rope_kernel()(qkv, cos, sin, heads + kv_heads, dim)
+    cpu_kernels.rope_(qkv, cos, sin, heads + kv_heads, dim)
     torch.testing.assert_close(qk, expected, rtol=1e-5, atol=1e-6)
     assert torch.equal(qkv[:, (heads + kv_heads) * dim:], v)  # v is not touched
 
@@ -190,9 +188,9 @@ def test_write_kv_kernel_fills_the_slots_as_index_copy_does_and_refuses_a_slot_o
     k, v = qkv[:, 32:64].view(4, 2, 16), qkv[:, 64:].view(4, 2, 16)
     slots = torch.tensor([5, 0, 63, 17])
     got, expected = torch.zeros(2, 4, 16, 2, 16), torch.zeros(2, 4, 16, 2, 16)
-    cpu_kernels.write_kv_kernel()(got, k, v, slots)
+    cpu_kernels.write_kv(got, k, v, slots)
     expected.view(2, -1, 2, 16)[0].index_copy_(0, slots, k)
     expected.view(2, -1, 2, 16)[1].index_copy_(0, slots, v)
     assert torch.equal(got, expected)
     with pytest.raises(IndexError, match="outside the cache"):
-        cpu_kernels.write_kv_kernel()(got, k, v, torch.tensor([5, 0, 64, 17]))
+        cpu_kernels.write_kv(got, k, v, torch.tensor([5, 0, 64, 17]))

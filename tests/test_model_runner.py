@@ -28,7 +28,7 @@ def test_a_budget_below_two_blocks_is_a_clear_error(tiny_llama):
 
 
 def test_decodes_are_grouped_by_length_with_bounded_padding(runner, monkeypatch):
-    monkeypatch.setattr(runner, "decode_kernel", None)  # the grouping is for gather + SDPA
+    monkeypatch.setattr(runner, "decode_kernel", False)  # the grouping is for gather + SDPA
     bs = runner.block_size
     lengths = [3, 700, 40, 41, 300, 5, 650, 17, 18, 16 * 9]
     seqs, next_block = [], 0
@@ -92,7 +92,7 @@ def test_decode_groups_stay_within_the_copy_budget_and_outputs_do_not_change(tin
     whole.engine.runner.decode_group_blocks = 1 << 30
     split = LLM(tiny_llama, kv_cache_memory_gib=0.02)
     runner = split.engine.runner
-    whole.engine.runner.decode_kernel = runner.decode_kernel = None  # the groups are for gather + SDPA
+    whole.engine.runner.decode_kernel = runner.decode_kernel = False  # the groups are for gather + SDPA
     runner.decode_group_blocks = 12  # a few sequences a group
     seen = []
     prepare = runner.prepare

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from argosy.engine.cpu_kernels import paged_decode_kernel, write_kv_kernel
+from argosy.engine import cpu_kernels
 
 
 @dataclass
@@ -47,10 +47,9 @@ class AttentionMetadata:
 def write_kv(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
     """kv_cache: [2, num_blocks, block_size, kv_heads, head_dim]; k, v: [T, kv_heads, head_dim]."""
     heads_contiguous = k.stride(2) == v.stride(2) == 1 and k.stride(1) == v.stride(1) == k.shape[2]
-    if kv_cache.device.type == "cpu" and kv_cache.dtype == torch.float32 and heads_contiguous:
-        kernel = write_kv_kernel()  # one C call a layer instead of two index_copy_ and their views
-        if kernel is not None:
-            return kernel(kv_cache, k, v, slot_mapping)
+    cpu = kv_cache.device.type == "cpu" and kv_cache.dtype == torch.float32
+    if cpu and heads_contiguous and cpu_kernels.available():
+        return cpu_kernels.write_kv(kv_cache, k, v, slot_mapping)  # one call instead of two index_copy_
     flat = kv_cache.view(2, -1, k.shape[1], k.shape[2])
     flat[0].index_copy_(0, slot_mapping, k)
     flat[1].index_copy_(0, slot_mapping, v)
@@ -75,9 +74,9 @@ def paged_attention(
         s, n = grp.start, grp.count
         mask = grp.mask
         if grp.context_lens is not None:
-            kernel = paged_decode_kernel() if q.device.type == "cpu" and q.dtype == torch.float32 else None
-            if kernel is not None:
-                out[s:s + n] = kernel(q[s:s + n], kv_cache, grp.block_table, grp.context_lens, scale)
+            if q.device.type == "cpu" and q.dtype == torch.float32 and cpu_kernels.available():
+                out[s:s + n] = cpu_kernels.paged_decode_attention(q[s:s + n], kv_cache, grp.block_table,
+                                                                  grp.context_lens, scale)
                 continue
             # A rank that could not build the kernel (the driver could): mask the padded group instead.
             width = grp.block_table.shape[1] * kv_cache.shape[2]

@@ -22,7 +22,6 @@ import os
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -34,8 +33,6 @@ SOURCES = [Path(__file__).parent / "csrc" / name for name in ("paged_attention.c
 FLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math", "-fassociative-math", "-fno-signed-zeros",
          "-fopenmp", "-shared", "-fPIC"]
 
-DecodeKernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, float], torch.Tensor]
-MatvecKernel = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 I64, PTR = ctypes.c_int64, ctypes.c_void_p
 
 
@@ -92,103 +89,78 @@ def _library() -> ctypes.CDLL | None:
     return lib
 
 
-def paged_decode_kernel() -> DecodeKernel | None:
-    """The decode attention kernel, or None (logged) where it cannot be built or is switched off."""
-    lib = _library()
-    if lib is None:
-        return None
-    fn = lib.paged_decode_attention_f32
-
-    def run(q: torch.Tensor, kv_cache: torch.Tensor, tables: torch.Tensor, lens: torch.Tensor,
-            scale: float) -> torch.Tensor:
-        """q [n, heads, dim] -> out, like q; kv_cache [2, blocks, block_size, kv_heads, dim] float32;
-        tables [n, width] and lens [n] int64, every table covering its length."""
-        q = q.contiguous()
-        n, heads, dim = q.shape
-        _, num_blocks, block_size, kv_heads, _ = kv_cache.shape
-        assert kv_cache.is_contiguous() and q.dtype == kv_cache.dtype == torch.float32
-        assert tables.dtype == lens.dtype == torch.int64 and tables.is_contiguous() and tables.shape[0] == n
-        if n and int(lens.max()) > tables.shape[1] * block_size:  # the C code would read past the table
-            raise ValueError("a block table is shorter than its context length")
-        out = torch.empty_like(q)
-        fn(q.data_ptr(), kv_cache.data_ptr(), tables.data_ptr(), tables.shape[1], lens.data_ptr(),
-           out.data_ptr(), n, heads, kv_heads, dim, block_size, num_blocks, scale, torch.get_num_threads())
-        return out
-
-    return run
+def available() -> bool:
+    """Whether the kernels could be built and loaded here (a failure is logged once)."""
+    return _library() is not None
 
 
-def matvec_kernel() -> MatvecKernel | None:
-    """w [out, in] times x [1, in] -> [1, out], float32; None where the kernels are unavailable.
-    The caller checks the weight once (contiguous, float32): this runs 49 times a token on a 12-layer model."""
-    lib = _library()
-    if lib is None:
-        return None
-    fn = lib.matvec_f32
-
-    def run(w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        if x.dtype != torch.float32 or x.shape != (1, w.shape[1]):
-            raise ValueError(f"matvec: x must be float32 [1, {w.shape[1]}], not {x.dtype} {list(x.shape)}")
-        x = x.contiguous()
-        y = x.new_empty((1, w.shape[0]))
-        fn(w.data_ptr(), x.data_ptr(), y.data_ptr(), w.shape[0], w.shape[1], torch.get_num_threads())
-        return y
-
-    return run
+def _require(ok: bool, what: str) -> None:
+    # Real checks, not asserts (python -O drops those): a wrong shape here reads or writes out of bounds.
+    if not ok:
+        raise ValueError(f"CPU kernel: {what}")
 
 
-def rms_norm_kernel() -> Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor] | None:
-    """x [rows, dim], weight [dim] (float32) -> weight * x / sqrt(mean(x^2) + eps); None if unavailable."""
-    lib = _library()
-    if lib is None:
-        return None
-    fn = lib.rms_norm_f32
+def paged_decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, tables: torch.Tensor, lens: torch.Tensor,
+                           scale: float) -> torch.Tensor:
+    """q [n, heads, dim] -> out, like q; kv_cache [2, blocks, block_size, kv_heads, dim] float32;
+    tables [n, width] and lens [n] int64, every table covering its length."""
+    q = q.contiguous()
+    n, heads, dim = q.shape
+    _, num_blocks, block_size, kv_heads, _ = kv_cache.shape
+    _require(kv_cache.is_contiguous() and q.dtype == kv_cache.dtype == torch.float32, "float32, contiguous cache")
+    _require(tables.dtype == lens.dtype == torch.int64 and tables.is_contiguous() and tables.shape[0] == n == len(lens),
+             "int64 tables and lengths, one per query")
+    _require(n == 0 or int(lens.max()) <= tables.shape[1] * block_size, "a block table is shorter than its context")
+    out = torch.empty_like(q)
+    _library().paged_decode_attention_f32(
+        q.data_ptr(), kv_cache.data_ptr(), tables.data_ptr(), tables.shape[1], lens.data_ptr(), out.data_ptr(), n,
+        heads, kv_heads, dim, block_size, num_blocks, scale, torch.get_num_threads())
+    return out
 
-    def run(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-        x = x.contiguous()
-        assert x.dtype == weight.dtype == torch.float32 and x.dim() == 2 and weight.shape == (x.shape[1],)
-        out = torch.empty_like(x)
-        fn(x.data_ptr(), weight.data_ptr(), out.data_ptr(), x.shape[0], x.shape[1], eps, torch.get_num_threads())
-        return out
 
-    return run
+def matvec(w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """w [out, in] times x [1, in] -> [1, out], float32. The caller checks the weight once (contiguous,
+    float32): this runs 49 times a token on a 12-layer model."""
+    _require(x.dtype == torch.float32 and x.shape == (1, w.shape[1]), f"x must be float32 [1, {w.shape[1]}]")
+    x = x.contiguous()
+    y = x.new_empty((1, w.shape[0]))
+    _library().matvec_f32(w.data_ptr(), x.data_ptr(), y.data_ptr(), w.shape[0], w.shape[1], torch.get_num_threads())
+    return y
 
 
-def rope_kernel() -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int, int], None] | None:
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x [rows, dim], weight [dim] (float32) -> weight * x / sqrt(mean(x^2) + eps)."""
+    x = x.contiguous()
+    _require(x.dtype == weight.dtype == torch.float32 and x.dim() == 2 and weight.shape == (x.shape[1],),
+             "float32 x [rows, dim] and weight [dim]")
+    out = torch.empty_like(x)
+    _library().rms_norm_f32(x.data_ptr(), weight.data_ptr(), out.data_ptr(), x.shape[0], x.shape[1], eps,
+                            torch.get_num_threads())
+    return out
+
+
+def rope_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: int, head_dim: int) -> None:
     """Rotates in place the first `heads` heads (of `head_dim`) of each row of x [rows, width];
-    cos, sin [rows, 1, head_dim / 2] (float32). None if unavailable."""
-    lib = _library()
-    if lib is None:
-        return None
-    fn = lib.rope_f32
-
-    def run(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: int, head_dim: int) -> None:
-        rows = x.shape[0]
-        assert x.is_contiguous() and cos.is_contiguous() and sin.is_contiguous()
-        assert x.dtype == cos.dtype == sin.dtype == torch.float32 and heads * head_dim <= x.shape[1]
-        assert cos.numel() == sin.numel() == rows * (head_dim // 2)
-        fn(x.data_ptr(), cos.data_ptr(), sin.data_ptr(), rows, x.shape[1], heads, head_dim, torch.get_num_threads())
-
-    return run
+    cos, sin [rows, 1, head_dim / 2], all float32."""
+    rows = x.shape[0]
+    _require(x.is_contiguous() and cos.is_contiguous() and sin.is_contiguous(), "contiguous x, cos and sin")
+    _require(x.dtype == cos.dtype == sin.dtype == torch.float32, "float32 x, cos and sin")
+    _require(heads * head_dim <= x.shape[1], "the rotated heads fit in a row")
+    _require(cos.numel() == sin.numel() == rows * (head_dim // 2), "cos and sin of [rows, head_dim / 2]")
+    _library().rope_f32(x.data_ptr(), cos.data_ptr(), sin.data_ptr(), rows, x.shape[1], heads, head_dim,
+                        torch.get_num_threads())
 
 
-def write_kv_kernel() -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], None] | None:
+def write_kv(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> None:
     """kv_cache [2, blocks, block_size, kv_heads, dim]; k, v [T, kv_heads, dim] with each token's heads
-    contiguous; slots [T] int64. None if unavailable."""
-    lib = _library()
-    if lib is None:
-        return None
-    fn = lib.write_kv_f32
-
-    def run(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> None:
-        rows, heads, dim = k.shape
-        assert kv_cache.is_contiguous() and slots.is_contiguous() and slots.dtype == torch.int64
-        assert k.dtype == v.dtype == kv_cache.dtype == torch.float32 and v.shape == k.shape == (len(slots), heads, dim)
-        assert k.stride(2) == v.stride(2) == 1 and k.stride(1) == v.stride(1) == dim
-        num_slots = kv_cache.shape[1] * kv_cache.shape[2]
-        bad = fn(kv_cache.data_ptr(), k.data_ptr(), v.data_ptr(), k.stride(0), v.stride(0), slots.data_ptr(), rows,
-                 heads * dim, num_slots)
-        if bad:
-            raise IndexError(f"{bad} KV slot(s) outside the cache's {num_slots}")
-
-    return run
+    contiguous; slots [T] int64."""
+    rows, heads, dim = k.shape
+    _require(kv_cache.is_contiguous() and slots.is_contiguous() and slots.dtype == torch.int64, "int64 slots")
+    _require(k.dtype == v.dtype == kv_cache.dtype == torch.float32 and v.shape == k.shape == (len(slots), heads, dim),
+             "float32 k and v, one row per slot")
+    _require(k.stride(2) == v.stride(2) == 1 and k.stride(1) == v.stride(1) == dim, "each token's heads contiguous")
+    num_slots = kv_cache.shape[1] * kv_cache.shape[2]
+    bad = _library().write_kv_f32(kv_cache.data_ptr(), k.data_ptr(), v.data_ptr(), k.stride(0), v.stride(0),
+                                  slots.data_ptr(), rows, heads * dim, num_slots)
+    if bad:
+        raise IndexError(f"{bad} KV slot(s) outside the cache's {num_slots}")

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from argosy.engine.cpu_kernels import MatvecKernel, matvec_kernel
+from argosy.engine import cpu_kernels
 
 logger = logging.getLogger(__name__)
 
@@ -44,9 +44,9 @@ def onednn_linear_works(dtype: torch.dtype) -> bool:
     return True
 
 
-def _forward(module: nn.Linear, onednn: bool, matvec: MatvecKernel | None, x: torch.Tensor) -> torch.Tensor:
-    if matvec is not None and x.dim() == 2 and x.shape[0] == 1:
-        y = matvec(module.weight, x)
+def _forward(module: nn.Linear, onednn: bool, matvec: bool, x: torch.Tensor) -> torch.Tensor:
+    if matvec and x.dim() == 2 and x.shape[0] == 1:
+        y = cpu_kernels.matvec(module.weight, x)
         return y if module.bias is None else y + module.bias
     if onednn and x.dim() == 2:
         return _linear(x, module.weight, module.bias)
@@ -62,8 +62,8 @@ def route_cpu_linears(model: nn.Module) -> bool:
     dtype = linears[0].weight.dtype
     onednn = onednn_linear_works(dtype)
     contiguous = all(m.weight.is_contiguous() and m.weight.dtype == torch.float32 for m in linears)
-    matvec = matvec_kernel() if contiguous else None
-    if not onednn and matvec is None:
+    matvec = contiguous and cpu_kernels.available()
+    if not (onednn or matvec):
         return False
     for m in linears:
         m.forward = functools.partial(_forward, m, onednn, matvec)

@@ -7,10 +7,10 @@ from dataclasses import dataclass
 
 import torch
 
+from argosy.engine import cpu_kernels
 from argosy.engine.attention import AttentionMetadata, DecodeGroup, PrefillChunk
 from argosy.engine.checkpoint import ModelConfig, iter_weights, load_model_config
 from argosy.engine.config import DTYPES, EngineConfig
-from argosy.engine.cpu_kernels import DecodeKernel, paged_decode_kernel, rms_norm_kernel, rope_kernel
 from argosy.engine.cpu_linear import route_cpu_linears
 from argosy.engine.cpu_memory import keep_freed_memory, weights_in_huge_pages
 from argosy.engine.matvec import enable_compiled_matvec
@@ -47,12 +47,13 @@ def store_linears_transposed(model: torch.nn.Module) -> None:
 
 def use_small_op_kernels(model: torch.nn.Module) -> None:
     """RMS norm and RoPE through the C kernels of cpu_kernels (CPU, float32), where they could be built."""
-    norm, rope = rms_norm_kernel(), rope_kernel()
+    if not cpu_kernels.available():
+        return
     for module in model.modules():
         if isinstance(module, RMSNorm):
-            module.kernel = norm
+            module.kernel = cpu_kernels.rms_norm
         elif isinstance(module, Attention):
-            module.rope_kernel = rope
+            module.rope_kernel = cpu_kernels.rope_
 
 
 def available_memory() -> float:
@@ -120,10 +121,9 @@ class ModelRunner:
             return 1 << 30
         return max(1, CPU_DECODE_GROUP_BYTES // (self.kv_bytes_per_block() // len(self.kv_caches)))
 
-    def _decode_kernel(self) -> DecodeKernel | None:
-        if self.device.type != "cpu" or self.dtype != torch.float32:
-            return None
-        return paged_decode_kernel()
+    def _decode_kernel(self) -> bool:
+        """Whether decodes go to the C kernel (CPU, float32, kernels built): then one group with lengths."""
+        return self.device.type == "cpu" and self.dtype == torch.float32 and cpu_kernels.available()
 
     def _num_kv_blocks(self) -> int:
         if self.config.kv_cache_memory_gib is not None:
@@ -201,7 +201,7 @@ class ModelRunner:
     def _decode_groups(self, tables: list[list[int]], lens: list[int]) -> list[DecodeGroup]:
         """Splits the (length-sorted) decodes where padding to the group's longest would waste > 25%,
         or where the group would copy more than decode_group_blocks blocks."""
-        if self.decode_kernel is not None and tables:  # the kernel reads each decode's own length: one group
+        if self.decode_kernel and tables:  # the kernel reads each decode's own length: one group
             width = max(map(len, tables))
             table = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.long)
             return [DecodeGroup(0, len(tables), table, None, context_lens=torch.tensor(lens, dtype=torch.long))]
