@@ -4,7 +4,6 @@ controller observes for it, on fakes."""
 from __future__ import annotations
 
 import asyncio
-from types import SimpleNamespace
 
 from prometheus_client import CollectorRegistry
 
@@ -15,7 +14,8 @@ from argosy.fleet.model_controller import ModelController
 from argosy.fleet.placement import Need, Placer
 from argosy.fleet.replica import DRAINING, READY, Replica, ReplicaSpec
 from argosy.gateway.admission import Admission
-from argosy.gateway.health import Upstream
+from argosy.gateway.prefix_index import PrefixIndex
+from argosy.gateway.traffic import ModelRuntime, UpstreamRegistry
 
 
 class Clock:
@@ -175,16 +175,15 @@ def test_observed_concurrency_is_every_stream_in_flight_or_queued_at_the_gateway
     fleet = parse_fleet({"models": [{"name": "m", "checkpoint": "/nonexistent",
                                      "autoscaling": {"max_replicas": 4, "target": 4}}]}, "test")
     adm = Admission(AdmissionConfig(max_in_flight=40, max_queue=10))
-    rt = SimpleNamespace(admission=adm, activator=None)
-    gw = SimpleNamespace(reg=SimpleNamespace(by_url={}))
-    mc = ModelController(fleet.models[0], rt, gw, None, Placer([]), Need.of(0, 0.0, {}),
+    rt = ModelRuntime(fleet.models[0], UpstreamRegistry(fleet.gateway), PrefixIndex(), None, lambda: None)
+    rt.admission = adm
+    mc = ModelController(fleet.models[0], rt, None, None, Placer([]), Need.of(0, 0.0, {}),
                          FleetMetrics(CollectorRegistry()))
     for i, (state, streams) in enumerate(((READY, 18), (READY, 18), (DRAINING, 4))):
         r = Replica("m", ReplicaSpec("m", "/nonexistent", []))
         r.state, r.url = state, f"http://127.0.0.1:{9000 + i}"
         mc.replicas[r.id] = r
-        gw.reg.by_url[r.url] = Upstream(r.url)
-        gw.reg.by_url[r.url].in_flight = streams
+        rt.reg.get(r.url).in_flight = streams
 
     async def load() -> list[asyncio.Task]:
         for _ in range(40):

@@ -9,11 +9,12 @@ from argosy.config import AdmissionConfig, GuardrailsConfig, LengthClass, Routin
 from argosy.gateway.admission import Admission
 from argosy.gateway.errors import GatewayError
 from argosy.gateway.guardrails import Blocked, Guardrails, StreamGuard, iban_ok, luhn_ok
-from argosy.gateway.health import OPEN, Upstream, parse_gauges
+from argosy.gateway.health import OPEN, Upstream
 from argosy.gateway.keys import KeyRecord, KeyStore, new_key, verify
 from argosy.gateway.prefix_index import PrefixIndex, prefix_hashes
 from argosy.gateway.ratelimit import MemoryLimiter
 from argosy.gateway.router import Router, RouteRequest
+from argosy.gateway.scraper import parse_gauges
 
 
 def ups(n):

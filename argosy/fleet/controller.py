@@ -1,7 +1,9 @@
 """The fleet controller: one ModelController per managed model, the providers and the shared placer.
 
 It runs in the gateway's event loop (`argosy serve`): replicas join and leave the gateway's routing
-sets in-process, and the gateway's activator hook holds requests for a model scaled to zero.
+sets in-process, and the gateway's activator hook holds requests for a model scaled to zero. It reaches
+the gateway and the providers only through argosy.fleet.seams; the gateway reads it back as a FleetView
+(status, decisions, scrape targets).
 """
 
 from __future__ import annotations
@@ -9,13 +11,14 @@ from __future__ import annotations
 import asyncio
 import atexit
 import logging
-from typing import Any
 
 from argosy.config import FleetConfig, ModelConfig
 from argosy.fleet.local import LocalProvider
 from argosy.fleet.metrics import FleetMetrics
 from argosy.fleet.model_controller import ModelController
 from argosy.fleet.placement import Need, Node, Placer, detect_nodes, replica_need
+from argosy.fleet.replica import DRAINING, READY, WARMING
+from argosy.fleet.seams import GatewayPort, ReplicaProvider
 
 PROVIDERS = ("local", "ray")
 DISCOVERS_NODES = {"ray"}  # providers whose nodes, when the fleet file lists none, are found at run time
@@ -23,7 +26,7 @@ DISCOVERS_NODES = {"ray"}  # providers whose nodes, when the fleet file lists no
 log = logging.getLogger("argosy.fleet")
 
 
-def make_provider(name: str, options: dict) -> Any:
+def make_provider(name: str, options: dict) -> ReplicaProvider:
     if name == "local":
         return LocalProvider(options)
     if name == "ray":
@@ -69,10 +72,10 @@ def known_nodes(fleet: FleetConfig, providers: list[str]) -> tuple[list[Node], l
 
 
 class Controller:
-    def __init__(self, fleet: FleetConfig, gateway: Any):
-        self.fleet, self.gw = fleet, gateway
-        self.metrics = FleetMetrics(gateway.m.registry)
-        self.providers: dict[str, Any] = {}
+    def __init__(self, fleet: FleetConfig, gateway: GatewayPort):
+        self.fleet, self.gateway = fleet, gateway
+        self.metrics = FleetMetrics(gateway.registry)
+        self.providers: dict[str, ReplicaProvider] = {}
         self.models: dict[str, ModelController] = {}
         self.placer: Placer | None = None
 
@@ -88,8 +91,8 @@ class Controller:
             ram = "unbounded" if n.memory_gib == float("inf") else f"{n.memory_gib:.1f} GiB"
             log.info("fleet: node %s (%s): %s, RAM %s", n.name, n.provider, gpus, ram)
         for m in models:
-            mc = ModelController(m, self.gw.models[m.name], self.gw, self.providers[m.provider], self.placer,
-                                 model_need(m, nodes), self.metrics)
+            mc = ModelController(m, self.gateway.model(m.name), self.gateway, self.providers[m.provider], self.placer,
+                                 model_need(m, nodes), self.metrics, otlp_endpoint=self.fleet.gateway.otlp_endpoint)
             self.models[m.name] = mc
             mc.start()
         atexit.register(self.kill_now)  # backstop if the loop never reaches stop()
@@ -104,7 +107,7 @@ class Controller:
                 for n in found:
                     n.provider = name
                 nodes += found
-            elif hasattr(p, "bind"):
+            else:
                 await p.bind([n for n in nodes if n.provider == name])
         return nodes or detect_nodes(None)
 
@@ -116,9 +119,7 @@ class Controller:
     def kill_now(self) -> None:
         for mc in self.models.values():
             for r in list(mc.replicas.values()):
-                kill = getattr(mc.provider, "kill_now", None)
-                if kill is not None:
-                    kill(r)
+                mc.provider.kill_now(r)
 
     def status(self) -> dict:
         nodes = []
@@ -131,3 +132,15 @@ class Controller:
                           "resources": {k: {"total": v, "used": round(n.used_resources.get(k, 0.0), 6)}
                                         for k, v in n.resources.items()}})
         return {"nodes": nodes, "models": [mc.status() for mc in self.models.values()]}
+
+    # ------------------------------------------------------------------ the gateway's FleetView
+
+    def decisions(self) -> list[dict]:
+        """The autoscalers' recent decisions that changed something (up to 20 per model)."""
+        return [d for mc in self.models.values() for d in list(mc.decisions)]
+
+    def targets(self) -> list[dict]:
+        """Every replica that listens (warming, ready, draining; warm pool too): url, model, replica, state."""
+        return [{"url": r.url, "model": name, "replica": r.id, "state": r.state, "pooled": r.pooled}
+                for name, mc in self.models.items() for r in list(mc.replicas.values())
+                if r.url and r.state in (WARMING, READY, DRAINING)]

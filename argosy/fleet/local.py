@@ -13,6 +13,7 @@ import os
 import signal
 import sys
 
+from argosy.fleet.placement import Node, detect_nodes
 from argosy.fleet.replica import Replica, ReplicaSpec
 
 PR_SET_PDEATHSIG = 1
@@ -29,6 +30,8 @@ def engine_command(spec: ReplicaSpec, python: str | None = None, host: str = "12
 
 
 class LocalProvider:
+    """A ReplicaProvider (argosy.fleet.seams) on this machine."""
+
     name = "local"
 
     def __init__(self, options: dict | None = None):
@@ -94,3 +97,13 @@ class LocalProvider:
 
     async def close(self) -> None:
         pass
+
+    async def nodes(self) -> list[Node]:
+        """This machine: its GPUs (nvidia-smi) and available RAM."""
+        return await asyncio.to_thread(detect_nodes, None)
+
+    async def bind(self, listed: list[Node]) -> None:
+        pass  # the fleet file's local nodes are used as written
+
+    def down_nodes(self) -> set[str]:
+        return set()  # this machine is up while this process runs

@@ -8,7 +8,6 @@ import json
 import logging
 import time
 from collections import deque
-from typing import Any
 
 import aiohttp
 
@@ -17,8 +16,9 @@ from argosy.fleet.autoscaler import Autoscaler, Decision, Observation
 from argosy.fleet.metrics import FleetMetrics, reason_kind
 from argosy.fleet.placement import Need, Placer, Unplaceable
 from argosy.fleet.replica import DRAINING, FAILED, LIVE, READY, STARTING, STOPPED, WARMING, Replica, ReplicaSpec
+from argosy.fleet.seams import GatewayPort, ModelRoutes, ReplicaProvider
 from argosy.gateway.errors import unavailable
-from argosy.gateway.health import parse_gauges
+from argosy.gateway.scraper import ReplicaGauges
 
 log = logging.getLogger("argosy.fleet")
 MAX_BACKOFF_S = 30.0
@@ -39,10 +39,12 @@ def engine_args(cfg: ModelConfig, on_gpu: bool) -> list[str]:
 
 
 class ModelController:
-    def __init__(self, cfg: ModelConfig, rt: Any, gw: Any, provider: Any, placer: Placer, need: Need,
-                 metrics: FleetMetrics, clock=time.monotonic):
-        self.cfg, self.a, self.rt, self.gw, self.provider = cfg, cfg.autoscaling, rt, gw, provider
+    def __init__(self, cfg: ModelConfig, routes: ModelRoutes, gateway: GatewayPort, provider: ReplicaProvider,
+                 placer: Placer, need: Need, metrics: FleetMetrics, clock=time.monotonic,
+                 otlp_endpoint: str | None = None):
+        self.cfg, self.a, self.routes, self.gateway, self.provider = cfg, cfg.autoscaling, routes, gateway, provider
         self.placer, self.need, self.m, self.clock = placer, need, metrics, clock
+        self.otlp_endpoint = otlp_endpoint  # the replicas continue the gateway's traces
         self.name = cfg.name
         self.scaler = Autoscaler(self.a, clock)
         self.replicas: dict[str, Replica] = {}
@@ -56,7 +58,7 @@ class ModelController:
         self.done_counts: dict[str, int] = {}
         self.last_obs_t = clock()
         self.task: asyncio.Task | None = None
-        rt.activator = self.activate
+        routes.set_activator(self.activate)
 
     # ------------------------------------------------------------------ loop
 
@@ -81,40 +83,32 @@ class ModelController:
 
     async def tick(self) -> None:
         ready = self.ready_routed()
+        gauges = None
         if self.a.metric in ("queue", "kv_cache"):
-            await self.scrape(ready)
-        self.scaler.observe(self.observe(ready), len(ready))
+            gauges = await self.gateway.scraper.refresh(r.url for r in ready if r.url)
+        self.scaler.observe(self.observe(ready, gauges), len(ready))
         active = [r for r in self.replicas.values() if not r.pooled and r.state in LIVE]
         d = self.scaler.decide(len(ready), len(active))
         self.record(d)
         self.reconcile(d.desired)
         self.export()
 
-    def observe(self, ready: list[Replica]) -> Observation:
+    def observe(self, ready: list[Replica], gauges: dict[str, ReplicaGauges] | None = None) -> Observation:
+        """What the autoscaler sees: the gateway's admission load, the finished-request rate and, when
+        the metric needs them, the ready replicas' scraped queue and KV usage (`gauges` by URL)."""
         now = self.clock()
-        adm = self.rt.admission
-        ups = [self.gw.reg.by_url[r.url] for r in ready if r.url in self.gw.reg.by_url]
+        load = self.routes.admission_load()
         total = 0
         for r in self.replicas.values():
-            u = self.gw.reg.by_url.get(r.url or "")
-            if u is not None:
-                n = u.served + u.failed
-                total += n - self.done_counts.get(u.url, n)  # new replicas count from now
-                self.done_counts[u.url] = n
+            n = self.routes.finished(r.url) if r.url else None
+            if n is not None:
+                total += n - self.done_counts.get(r.url, n)  # new replicas count from now
+                self.done_counts[r.url] = n
         dt, self.last_obs_t = max(now - self.last_obs_t, 1e-3), now
-        kv = sum(u.kv_usage for u in ups) / len(ups) if ups else 0.0
-        return Observation(concurrency=adm.in_flight + adm.waiting, rps=total / dt,
-                           queue=adm.waiting + sum(u.waiting for u in ups), kv_cache=kv)
-
-    async def scrape(self, ready: list[Replica]) -> None:
-        async def one(r: Replica) -> None:
-            u = self.gw.reg.by_url.get(r.url)
-            with contextlib.suppress(Exception):
-                async with self.gw.session.get(r.url + "/metrics", timeout=aiohttp.ClientTimeout(total=2)) as resp:
-                    g = parse_gauges(await resp.read())
-                if u is not None:
-                    u.waiting, u.kv_usage = g.get("waiting", 0.0), g.get("kv_usage", 0.0)
-        await asyncio.gather(*(one(r) for r in ready))
+        scraped = [g for r in ready if (g := (gauges or {}).get(r.url or "")) is not None]
+        kv = sum(g.kv_usage for g in scraped) / len(scraped) if scraped else 0.0
+        return Observation(concurrency=load.in_flight + load.waiting, rps=total / dt,
+                           queue=load.waiting + sum(g.waiting for g in scraped), kv_cache=kv)
 
     def record(self, d: Decision) -> None:
         prev = self.decisions[-1] if self.decisions else None
@@ -171,12 +165,12 @@ class ModelController:
         if self.clock() < self.next_start_at:
             return False  # backing off after a crash; the next tick tries again
         args = engine_args(self.cfg, self.need.gpus > 0)
-        if self.gw.fleet.gateway.otlp_endpoint:  # the replica continues the gateway's traces
-            args += ["--otlp-endpoint", self.gw.fleet.gateway.otlp_endpoint]
+        if self.otlp_endpoint:  # the replica continues the gateway's traces
+            args += ["--otlp-endpoint", self.otlp_endpoint]
         spec = ReplicaSpec(self.name, str(self.cfg.checkpoint), args)
         r = Replica(self.name, spec, pooled=pooled)
         try:
-            down = self.provider.down_nodes() if hasattr(self.provider, "down_nodes") else set()
+            down = self.provider.down_nodes()
             spec.placement = self.placer.place(r.id, self.name, self.need, self.cfg.provider, down)
         except Unplaceable as e:
             self.m.placement_failures.labels(self.name).inc()
@@ -192,11 +186,10 @@ class ModelController:
         return True
 
     def _in_flight(self, r: Replica) -> int:
-        u = self.gw.reg.by_url.get(r.url or "")
-        return u.in_flight if u is not None else 0
+        return self.routes.in_flight(r.url) if r.url else 0
 
     def route(self, r: Replica) -> None:
-        self.rt.add_upstream(r.url)
+        self.routes.add_upstream(r.url)
         ev, self.routed = self.routed, asyncio.Event()
         ev.set()
 
@@ -227,7 +220,7 @@ class ModelController:
 
     async def _is_ready(self, r: Replica) -> bool:
         try:
-            async with self.gw.session.get(r.url + "/ready", timeout=aiohttp.ClientTimeout(total=2)) as resp:
+            async with self.gateway.session.get(r.url + "/ready", timeout=aiohttp.ClientTimeout(total=2)) as resp:
                 await resp.read()
                 return resp.status == 200
         except (TimeoutError, aiohttp.ClientError, OSError):
@@ -249,8 +242,8 @@ class ModelController:
 
     def _forget(self, r: Replica) -> None:
         if r.url:
-            self.rt.remove_upstream(r.url)
-            self.gw.reg.by_url.pop(r.url, None)  # a later replica on the same port starts fresh
+            self.routes.remove_upstream(r.url)
+            self.gateway.forget_upstream(r.url)  # a later replica on the same port starts fresh
         self.placer.release(r.id)
         self.replicas.pop(r.id, None)
 
@@ -260,7 +253,7 @@ class ModelController:
             return
         was_ready, r.state = r.state == READY, DRAINING
         if r.url:
-            self.rt.remove_upstream(r.url)
+            self.routes.remove_upstream(r.url)
         deadline = self.clock() + (self.a.drain_timeout_s if timeout is None else timeout)
         if was_ready:
             while self._in_flight(r) > 0 and self.clock() < deadline:
@@ -284,9 +277,9 @@ class ModelController:
 
     # ------------------------------------------------------------------ the activator
 
-    async def activate(self, rt: Any) -> None:
+    async def activate(self) -> None:
         """Hold a request while the model has no live upstream but a replica is (or will be) starting."""
-        if any(u.available() for r in rt.routers.values() for u in r.upstreams):
+        if self.routes.has_live_upstream():
             return
         if self.unplaceable and not self.replicas:
             raise unavailable(f"model {self.name!r} has no replica and none can be placed: {self.unplaceable}",
@@ -299,7 +292,7 @@ class ModelController:
         self.poke()
         deadline = self.clock() + self.a.cold_start_timeout_s
         try:
-            while not any(u.available() for r in rt.routers.values() for u in r.upstreams):
+            while not self.routes.has_live_upstream():
                 left = deadline - self.clock()
                 if left <= 0:
                     raise unavailable(f"model {self.name!r}: no replica became ready within "
@@ -312,9 +305,10 @@ class ModelController:
             self.m.held.labels(self.name).set(self.held)
 
     def status(self) -> dict:
+        load = self.routes.admission_load()
         return {"model": self.name, "provider": self.cfg.provider, "desired": self.scaler.last.desired
                 if self.scaler.last else None, "panic": bool(self.scaler.last and self.scaler.last.panic),
-                "in_flight": self.rt.admission.in_flight, "queued": self.rt.admission.waiting, "held": self.held,
+                "in_flight": load.in_flight, "queued": load.waiting, "held": self.held,
                 "unplaceable": self.unplaceable, "need": {"gpus": self.need.gpus,
                 "gib": None if self.need.gib == float("inf") else self.need.gib},
                 "replicas": [r.snapshot(self._in_flight(r)) for r in self.replicas.values()],

@@ -119,6 +119,8 @@ class EngineActor:
 
 
 class RayProvider:
+    """A ReplicaProvider (argosy.fleet.seams) on a Ray cluster."""
+
     name = "ray"
 
     def __init__(self, options: dict | None = None):
@@ -217,6 +219,14 @@ class RayProvider:
             ray.kill(r.handle)
         if r.log_task is not None:
             r.log_task.cancel()
+
+    def kill_now(self, r: Replica) -> None:
+        """Synchronous last resort (interpreter exit): kill the actor; its engine child dies with it."""
+        import ray
+
+        if r.handle is not None and ray.is_initialized():
+            with contextlib.suppress(Exception):
+                ray.kill(r.handle)
 
     async def close(self) -> None:
         import ray

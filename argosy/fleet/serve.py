@@ -64,7 +64,7 @@ class ServeApp:
 
         self.gateway = Gateway(fleet)
         self.controller = Controller(fleet, self.gateway)
-        self.gateway.controller = self.controller  # GET /admin/fleet
+        self.gateway.attach_fleet(self.controller)  # GET /admin/fleet, the dashboard, /metrics/targets
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "lifespan":

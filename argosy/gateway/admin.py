@@ -14,14 +14,18 @@ from __future__ import annotations
 
 import hashlib
 import json
+from typing import TYPE_CHECKING, Any
 
-from argosy.gateway.errors import GatewayError, bad_request
+from argosy.gateway.asgi import Receive, Scope, Send, bearer, read_body, respond_json
+from argosy.gateway.errors import GatewayError, bad_request, not_found
 from argosy.gateway.keys import KeyRecord, new_key, verify
 
+if TYPE_CHECKING:
+    from argosy.gateway.app import Gateway
+    from argosy.gateway.traffic import ModelRuntime
 
-def _authorize(gw, scope) -> None:
-    from argosy.gateway.app import bearer
 
+def require_admin(gw: Gateway, scope: Scope) -> None:
     if gw.keys.admin_hash is None:
         if gw.keys.empty:
             return
@@ -30,53 +34,82 @@ def _authorize(gw, scope) -> None:
     key = bearer(scope)
     if key:
         d = hashlib.sha256(key.encode()).digest()
-        if d == getattr(gw, "_admin_digest", None) or verify(key, gw.keys.admin_hash):
-            gw._admin_digest = d  # cache the verified admin key's digest: one scrypt per process
+        if d == gw.admin_digest or verify(key, gw.keys.admin_hash):
+            gw.admin_digest = d  # cache the verified admin key's digest: one scrypt per process
             return
     raise GatewayError(401, "an admin key is required", "authentication_error", "invalid_admin_key")
 
 
-async def handle(gw, scope, receive, send, path: str, method: str) -> None:
-    from argosy.gateway.app import read_body, respond
-
-    _authorize(gw, scope)
+async def admin_body(gw: Gateway, scope: Scope, receive: Receive) -> dict[str, Any]:
+    """Authorize, then the JSON body ({} when empty)."""
+    require_admin(gw, scope)
     body = await read_body(receive)
     try:
         req = json.loads(body) if body else {}
     except ValueError:
         raise bad_request("the body must be JSON") from None
-    if path == "/admin/upstreams":
-        if method == "GET":
-            out = {name: {rev: [u.snapshot() for u in r.upstreams] for rev, r in rt.routers.items()}
-                   for name, rt in gw.models.items()}
-            return await respond(send, 200, json.dumps({"models": out}).encode())
-        rt = gw.models.get(req.get("model"))
-        if rt is None or not isinstance(req.get("url"), str):
-            raise bad_request("give an existing 'model' and an upstream 'url'", "model")
-        if method == "POST":
-            if not req["url"].startswith(("http://", "https://")):
-                raise bad_request("the upstream url must be http(s)", "url")
-            rt.add_upstream(req["url"], req.get("revision"))
-            return await respond(send, 200, b'{"ok":true}')
-        if method == "DELETE":
-            ok = rt.remove_upstream(req["url"])
-            return await respond(send, 200 if ok else 404, json.dumps({"ok": ok}).encode())
-    if path == "/admin/keys":
-        if method == "GET":
-            keys = [{**k.public(), "usage": await gw.limiter.get_usage(k.name)} for k in gw.keys.by_id.values()]
-            return await respond(send, 200, json.dumps({"keys": keys}).encode())
-        if method == "POST":
-            name = req.get("name")
-            if not isinstance(name, str) or not name or any(k.name == name for k in gw.keys.by_id.values()):
-                raise bad_request("give a new key 'name'", "name")
-            key, h = new_key()
-            rec = KeyRecord(name, h, req.get("models"), req.get("rpm"), req.get("tpm"),
-                            req.get("priority", "interactive"))
-            gw.keys.add(rec)
-            return await respond(send, 200, json.dumps({**rec.public(), "key": key, "hash": h}).encode())
-    if path.startswith("/admin/keys/") and method == "DELETE":
-        ok = gw.keys.remove(path.rsplit("/", 1)[1])
-        return await respond(send, 200 if ok else 404, json.dumps({"ok": ok}).encode())
-    if path == "/admin/fleet" and method == "GET" and getattr(gw, "controller", None) is not None:
-        return await respond(send, 200, json.dumps(gw.controller.status()).encode())  # `argosy status`
-    raise GatewayError(404, f"no admin route {method} {path}", "not_found_error", "not_found")
+    if not isinstance(req, dict):
+        raise bad_request("the body must be a JSON object")
+    return req
+
+
+def _model_and_url(gw: Gateway, req: dict[str, Any]) -> tuple[ModelRuntime, str]:
+    rt = gw.models.get(req.get("model")) if isinstance(req.get("model"), str) else None
+    if rt is None or not isinstance(req.get("url"), str):
+        raise bad_request("give an existing 'model' and an upstream 'url'", "model")
+    return rt, req["url"]
+
+
+async def list_upstreams(gw: Gateway, scope: Scope, receive: Receive, send: Send) -> None:
+    await admin_body(gw, scope, receive)
+    out = {name: {rev: [u.snapshot() for u in r.upstreams] for rev, r in rt.routers.items()}
+           for name, rt in gw.models.items()}
+    await respond_json(send, 200, {"models": out})
+
+
+async def add_upstream(gw: Gateway, scope: Scope, receive: Receive, send: Send) -> None:
+    req = await admin_body(gw, scope, receive)
+    rt, url = _model_and_url(gw, req)
+    if not url.startswith(("http://", "https://")):
+        raise bad_request("the upstream url must be http(s)", "url")
+    revision = req.get("revision")
+    if revision is not None and not isinstance(revision, str):
+        raise bad_request("'revision' must be a string", "revision")
+    rt.add_upstream(url, revision)
+    await respond_json(send, 200, {"ok": True})
+
+
+async def remove_upstream(gw: Gateway, scope: Scope, receive: Receive, send: Send) -> None:
+    rt, url = _model_and_url(gw, await admin_body(gw, scope, receive))
+    ok = rt.remove_upstream(url)
+    await respond_json(send, 200 if ok else 404, {"ok": ok})
+
+
+async def list_keys(gw: Gateway, scope: Scope, receive: Receive, send: Send) -> None:
+    await admin_body(gw, scope, receive)
+    keys = [{**k.public(), "usage": await gw.limiter.get_usage(k.name)} for k in gw.keys.by_id.values()]
+    await respond_json(send, 200, {"keys": keys})
+
+
+async def create_key(gw: Gateway, scope: Scope, receive: Receive, send: Send) -> None:
+    req = await admin_body(gw, scope, receive)
+    name = req.get("name")
+    if not isinstance(name, str) or not name or any(k.name == name for k in gw.keys.by_id.values()):
+        raise bad_request("give a new key 'name'", "name")
+    key, h = new_key()
+    rec = KeyRecord(name, h, req.get("models"), req.get("rpm"), req.get("tpm"), req.get("priority", "interactive"))
+    gw.keys.add(rec)
+    await respond_json(send, 200, {**rec.public(), "key": key, "hash": h})
+
+
+async def revoke_key(gw: Gateway, scope: Scope, receive: Receive, send: Send) -> None:
+    await admin_body(gw, scope, receive)
+    ok = gw.keys.remove(scope["path"].rsplit("/", 1)[1])
+    await respond_json(send, 200 if ok else 404, {"ok": ok})
+
+
+async def fleet_status(gw: Gateway, scope: Scope, receive: Receive, send: Send) -> None:
+    await admin_body(gw, scope, receive)
+    if gw.fleet_view is None:
+        raise not_found("no fleet here: GET /admin/fleet answers under `argosy serve`")
+    await respond_json(send, 200, gw.fleet_view.status())  # `argosy status`

@@ -10,11 +10,18 @@ import asyncio
 import heapq
 import itertools
 import time
+from dataclasses import dataclass
 
 from argosy.config import AdmissionConfig
 from argosy.gateway.errors import unavailable
 
 PRIORITY = {"interactive": 0, "batch": 1}
+
+
+@dataclass(frozen=True)
+class AdmissionLoad:
+    in_flight: int  # admitted, not yet finished
+    waiting: int  # queued for a slot
 
 
 class Admission:
@@ -24,6 +31,9 @@ class Admission:
         self.waiting = 0  # live waiters (the heap may also hold cancelled ones, dropped lazily)
         self.heap: list[tuple[int, int, asyncio.Future]] = []
         self.seq = itertools.count()
+
+    def load(self) -> AdmissionLoad:
+        return AdmissionLoad(self.in_flight, self.waiting)
 
     async def acquire(self, priority: int = 0) -> float:
         """Wait for a slot; returns the seconds waited."""

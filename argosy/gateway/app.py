@@ -1,24 +1,30 @@
-"""The gateway's ASGI app: the OpenAI endpoints (proxied), /v1/models, /health, /metrics, /admin/*.
+"""The gateway's ASGI app: a route table (method and path -> handler) over the OpenAI endpoints (proxied),
+/v1/models, /health, /metrics, the dashboard and /admin/*; and a proxied request as its steps.
 
 A plain ASGI callable rather than a framework router: the per-request path is the product here.
-Per request: authenticate, parse once, input guardrails, per-key limits, admission, route, forward.
+Per request: authenticate, read and check the body, input guardrails, per-key limits, admission,
+route, forward, account (Gateway.handle).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import aiohttp
+from prometheus_client import CollectorRegistry
 
 from argosy.config import FleetConfig
-from argosy.gateway import admin
+from argosy.gateway import admin, dashboard, endpoints
+from argosy.gateway.accounting import account, key_class
 from argosy.gateway.admission import PRIORITY
-from argosy.gateway.bodies import prompt_of, set_texts
-from argosy.gateway.errors import GatewayError, bad_request, rate_limited
+from argosy.gateway.asgi import Receive, Scope, Send, bearer, header, read_body, respond
+from argosy.gateway.bodies import ProxiedRequest
+from argosy.gateway.errors import GatewayError, method_not_allowed, not_found, rate_limited
+from argosy.gateway.fleet_view import FleetView
 from argosy.gateway.health import HealthChecker
 from argosy.gateway.keys import KeyRecord, KeyStore
 from argosy.gateway.metrics import GatewayMetrics
@@ -26,25 +32,30 @@ from argosy.gateway.prefix_index import PrefixIndex
 from argosy.gateway.proxy import Call, Proxy
 from argosy.gateway.ratelimit import MemoryLimiter, RedisLimiter
 from argosy.gateway.router import RouteRequest
+from argosy.gateway.scraper import ReplicaScraper
 from argosy.gateway.traffic import ModelRuntime, Shadower, UpstreamRegistry
 from argosy.gateway.upstream_client import UpstreamClient
 from argosy.observe.gateway_requests import GatewayRequest, serve_request
+from argosy.observe.sampler import Sampler
 from argosy.observe.tracing import make_tracing
 
 log = logging.getLogger("argosy.gateway")
-PROXIED = {"/v1/chat/completions", "/v1/completions", "/v1/embeddings"}
-JSON = [(b"content-type", b"application/json")]
+PROXIED = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
+Handler = Callable[["Gateway", Scope, Receive, Send], Awaitable[None]]
 
 
 class Gateway:
     def __init__(self, fleet: FleetConfig):
         self.fleet, gw = fleet, fleet.gateway
         self.m = GatewayMetrics()
+        self.registry: CollectorRegistry = self.m.registry
         self.keys = KeyStore([KeyRecord.from_config(k) for k in fleet.keys], fleet.admin_key_hash)
+        self.admin_digest: bytes | None = None  # SHA-256 of the admin key once verified (admin.require_admin)
         self.reg = UpstreamRegistry(gw)
         r0 = fleet.models[0].routing if fleet.models else None
         self.index = PrefixIndex(r0.prefix_max_blocks if r0 else 200_000, r0.prefix_ttl_s if r0 else 600.0)
         self.session: aiohttp.ClientSession | None = None
+        self.scraper = ReplicaScraper(lambda: self.session, gw.health_timeout_s, self.reg.take_gauges)
         self.shared = None
         self.limiter = MemoryLimiter()
         self.models = {m.name: ModelRuntime(m, self.reg, self.index, self._on_insert, lambda: self.session)
@@ -52,16 +63,32 @@ class Gateway:
         self.shadower = Shadower(lambda: self.session, self.m)
         self.log_content = gw.log_content
         self.tracing = make_tracing("argosy-gateway", gw.otlp_endpoint)  # None (no per-request work) unless set
+        self.fleet_view: FleetView | None = None  # the controller, under `argosy serve`
+        self.sampler = Sampler(self.registry)  # the dashboard's time series (sampled only while it is open)
 
     def _on_insert(self, hashes: list[bytes], url: str) -> None:
         if self.shared is not None:
             self.shared.publish_prefix(hashes, url)
 
+    # ------------------------------------------------------------------ what the fleet controller uses
+
+    def model(self, name: str) -> ModelRuntime:
+        return self.models[name]
+
+    def forget_upstream(self, url: str) -> None:
+        self.reg.forget(url)
+        self.scraper.forget(url)
+
+    def attach_fleet(self, fleet: FleetView) -> None:
+        self.fleet_view = fleet
+
+    # ------------------------------------------------------------------ lifecycle
+
     async def startup(self) -> None:
         gw = self.fleet.gateway
         # Proxied calls go through UpstreamClient (see its docstring); this pooled aiohttp session serves
-        # health checks, guardrails, shadow traffic and https:// upstreams (keep-alive connections are the
-        # point; aiohttp, not httpx: 0.18-0.22 ms per call against 0.70-0.75 ms, measured here).
+        # health checks, scrapes, guardrails, shadow traffic and https:// upstreams (keep-alive connections
+        # are the point; aiohttp, not httpx: 0.18-0.22 ms per call against 0.70-0.75 ms, measured here).
         conn = aiohttp.TCPConnector(limit=0, limit_per_host=0, ttl_dns_cache=300, keepalive_timeout=60)
         self.session = aiohttp.ClientSession(connector=conn, auto_decompress=False, timeout=aiohttp.ClientTimeout(
             total=None, connect=gw.connect_timeout_s, sock_read=None))
@@ -77,7 +104,7 @@ class Gateway:
             self.limiter = RedisLimiter(r)
             self.shared = Shared(r, self.reg, self.index, gw.shared_sync_s)
             await self.shared.start()
-        self.health = HealthChecker(self.session, gw.health_interval_s, gw.health_timeout_s)
+        self.health = HealthChecker(self.session, gw.health_interval_s, gw.health_timeout_s, self.scraper)
         scrape = {u.url for rt in self.models.values()
                   if rt.cfg.routing.policy in ("least_load", "prefix", "length_classes", "session")
                   for u in rt.upstreams()}
@@ -94,7 +121,7 @@ class Gateway:
         if self.tracing is not None:
             await asyncio.to_thread(self.tracing.shutdown)  # export the spans still queued
 
-    async def __call__(self, scope, receive, send) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
             while True:
                 msg = await receive()
@@ -107,37 +134,32 @@ class Gateway:
                     return
         if scope["type"] != "http":
             return
-        path, method = scope["path"], scope["method"]
         try:
-            if path in PROXIED and method == "POST":
-                return await serve_request(self.tracing, scope, path,
-                                           lambda rq: self.handle(scope, receive, send, path, rq))
-            if path == "/health":
-                return await respond(send, 200, b'{"status":"ok"}')
-            if path == "/v1/models":
-                self.authenticate(scope)
-                data = [{"id": n, "object": "model", "owned_by": "argosy"} for n in self.models]
-                return await respond(send, 200, json.dumps({"object": "list", "data": data}).encode())
-            if path == "/metrics":
-                for u in self.reg.by_url.values():
-                    self.m.healthy.labels(u.url).set(1 if u.state == "closed" else 0)
-                    self.m.upstream_in_flight.labels(u.url).set(u.in_flight)
-                return await respond(send, 200, self.m.render(), b"text/plain; version=0.0.4")
-            if path == "/dashboard" or path.startswith("/dashboard/"):
-                from argosy.observe.dashboard import handle as dashboard  # lazy: the page, its files, its data
-
-                return await dashboard(self, send, path)
-            if path == "/metrics/targets":
-                from argosy.observe.targets import http_sd
-
-                return await respond(send, 200, http_sd(self))
-            if path.startswith("/admin/"):
-                return await admin.handle(self, scope, receive, send, path, method)
-            raise GatewayError(404, f"no route {method} {path}", "not_found_error", "not_found")
+            await route(scope["method"], scope["path"])(self, scope, receive, send)
         except GatewayError as e:
             await respond(send, e.status, e.body(), headers=e.headers())
 
-    def authenticate(self, scope) -> KeyRecord | None:
+    # ------------------------------------------------------------------ one proxied request
+
+    async def proxied(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path = scope["path"]
+        await serve_request(self.tracing, scope, path, lambda rq: self.handle(scope, receive, send, path, rq))
+
+    async def handle(self, scope: Scope, receive: Receive, send: Send, path: str, rq: GatewayRequest) -> None:
+        """A proxied request, step by step. A step that refuses it raises a GatewayError (an OpenAI error)."""
+        t0 = time.monotonic()
+        key = self.authenticate(scope)
+        req = ProxiedRequest.parse(path, await read_body(receive), self.fleet.gateway.default_max_tokens)
+        rt = self.model_for(req, key)
+        await self.input_guardrails(rt, req)
+        self.log_request(rt, req)
+        await self.take_limits(key, rt, req)
+        async with self.admitted(rt, key, scope, rq, req):
+            call = rq.call = self.route(rt, req, key, scope, rq, t0)
+            await self.forward(rt, call, key, req, receive, send)
+        self.log_response(rt, call)
+
+    def authenticate(self, scope: Scope) -> KeyRecord | None:
         if self.keys.empty:
             return None  # no keys configured: loopback only (checked at startup), no key needed
         key = bearer(scope)
@@ -147,132 +169,136 @@ class Gateway:
                                "authentication_error", "invalid_api_key")
         return rec
 
-    async def handle(self, scope, receive, send, path: str, rq: GatewayRequest) -> None:
-        t0 = time.monotonic()
-        key = self.authenticate(scope)
-        key_class = key.priority if key is not None else "none"  # a metrics label: the class, never the key
-        body = await read_body(receive)
-        try:
-            req = json.loads(body)
-            model_name = req["model"]
-        except (ValueError, KeyError, TypeError):
-            raise bad_request("the body must be a JSON object with a 'model' field", "model") from None
-        rt = self.models.get(model_name)
+    def model_for(self, req: ProxiedRequest, key: KeyRecord | None) -> ModelRuntime:
+        rt = self.models.get(req.model)
         if rt is None:
-            raise GatewayError(404, f"the model {model_name!r} does not exist", "not_found_error", "model_not_found",
+            raise GatewayError(404, f"the model {req.model!r} does not exist", "not_found_error", "model_not_found",
                                "model")
-        if key is not None and key.models is not None and model_name not in key.models:
-            raise GatewayError(403, f"this key may not use the model {model_name!r}", "permission_error",
+        if key is not None and key.models is not None and req.model not in key.models:
+            raise GatewayError(403, f"this key may not use the model {req.model!r}", "permission_error",
                                "model_not_allowed", "model")
-        text, ptoks, texts = prompt_of(path, req)
-        max_toks = req.get("max_tokens") or req.get("max_completion_tokens") or self.fleet.gateway.default_max_tokens
-        est = ptoks + (int(max_toks) if path != "/v1/embeddings" else 0)
+        return rt
+
+    async def input_guardrails(self, rt: ModelRuntime, req: ProxiedRequest) -> None:
         if rt.guardrails is not None and rt.guardrails.input:
-            new = await rt.guardrails.check_input(texts, ptoks)
-            if new != texts:
-                set_texts(path, req, new)
-                body = json.dumps(req).encode()
+            new = await rt.guardrails.check_input(req.texts, req.prompt_tokens)  # raises when blocked
+            if new != req.texts:
+                req.set_texts(new)
+
+    def log_request(self, rt: ModelRuntime, req: ProxiedRequest) -> None:
         if self.log_content or rt.cfg.debug:
-            log.info("request model=%s body=%s", model_name, body[:4000].decode(errors="replace"))
+            log.info("request model=%s body=%s", rt.name, req.body[:4000].decode(errors="replace"))
+
+    async def take_limits(self, key: KeyRecord | None, rt: ModelRuntime, req: ProxiedRequest) -> None:
+        """The key's requests/min and tokens/min buckets (the estimate is reserved, reconciled in account)."""
         if key is not None and (key.rpm or key.tpm):
-            wait = await self.limiter.take(key.name, key.rpm, key.tpm, min(est, key.tpm or est))
+            wait = await self.limiter.take(key.name, key.rpm, key.tpm, min(req.estimate, key.tpm or req.estimate))
             if wait > 0:
-                self.m.rejections.labels(model_name, "rate_limit", key_class).inc()
+                self.m.rejections.labels(rt.name, "rate_limit", key.priority).inc()
                 raise rate_limited(f"key {key.name!r} is over its rate limit (rpm {key.rpm}, tpm {key.tpm})",
                                    "rate_limit_exceeded", wait)
+
+    @contextlib.asynccontextmanager
+    async def admitted(self, rt: ModelRuntime, key: KeyRecord | None, scope: Scope, rq: GatewayRequest,
+                       req: ProxiedRequest) -> AsyncIterator[None]:
+        """Holds one of the model's admission slots (interactive before batch) for the block: released
+        however the block ends (an answer, an error, a cancelled or disconnected client)."""
         prio = PRIORITY.get(key.priority if key else "interactive", 0)
         if header(scope, b"x-priority") == b"batch":
             prio = PRIORITY["batch"]  # a caller may lower its own priority, never raise it
         span = rq.trace.child("gateway.admission", {"argosy.priority": prio}) if rq.trace else None
         try:
-            self.m.queue_depth.labels(model_name).set(rt.admission.waiting + 1)
+            self.m.queue_depth.labels(rt.name).set(rt.admission.waiting + 1)
             waited = await rt.admission.acquire(prio)
         except GatewayError as e:
-            self.m.rejections.labels(model_name, e.code, key_class).inc()
+            self.m.rejections.labels(rt.name, e.code, key_class(key)).inc()
             if key is not None and key.tpm:
-                await self.limiter.adjust(key.name, key.tpm, min(est, key.tpm))  # not served: refund
+                await self.limiter.adjust(key.name, key.tpm, min(req.estimate, key.tpm))  # not served: refund
             raise
         finally:
-            self.m.queue_depth.labels(model_name).set(rt.admission.waiting)
+            self.m.queue_depth.labels(rt.name).set(rt.admission.waiting)
             if span is not None:
                 span.end()
-        self.m.queue_wait.labels(model_name).observe(waited)
-        stream = bool(req.get("stream"))
-        hdr = rt.cfg.routing.session_header.lower().encode()
-        sess = header(scope, hdr)
-        sess_key = sess.decode(errors="replace") if sess else (req.get("user") or None)
-        route, router = rt.pick(sess_key)
-        rreq = RouteRequest(text, ptoks, sess_key)
-        shadow_out = self.shadower.maybe_start(rt, path, req, rreq)
-        call = Call(model_name, route, path, body, stream, rreq, est, router, t0, rt.output_guard,
-                    keep_output=shadow_out is not None or bool(key and key.tpm) and not stream or rt.cfg.debug,
-                    trace=rq.trace, headers=rq.upstream_headers, request_id=rq.request_id)
-        rq.call = call
-        disconnected = asyncio.ensure_future(receive()) if stream else None
-        self.m.in_flight.labels(model_name).set(rt.admission.in_flight)
+        try:
+            self.m.queue_wait.labels(rt.name).observe(waited)
+            self.m.in_flight.labels(rt.name).set(rt.admission.in_flight)
+            yield
+        finally:
+            rt.admission.release()
+
+    def route(self, rt: ModelRuntime, req: ProxiedRequest, key: KeyRecord | None, scope: Scope,
+              rq: GatewayRequest, t0: float) -> Call:
+        """The revision (traffic split, sticky per session) and everything the proxy needs for the call."""
+        sess = header(scope, rt.cfg.routing.session_header.lower().encode())
+        sess_key = sess.decode(errors="replace") if sess else req.user
+        revision, router = rt.pick(sess_key)
+        rreq = RouteRequest(req.text, req.prompt_tokens, sess_key)
+        shadow_out = self.shadower.maybe_start(rt, req.path, req.fields, rreq)
+        keep = shadow_out is not None or bool(key and key.tpm) and not req.stream or rt.cfg.debug
+        return Call(rt.name, revision, req.path, req.body, req.stream, rreq, req.estimate, router, t0,
+                    rt.output_guard, keep_output=keep, trace=rq.trace, headers=rq.upstream_headers,
+                    request_id=rq.request_id, shadow_out=shadow_out)
+
+    async def forward(self, rt: ModelRuntime, call: Call, key: KeyRecord | None, req: ProxiedRequest,
+                      receive: Receive, send: Send) -> None:
+        """Hold the request while a model scaled to zero starts a replica, then proxy it; record the outcome."""
+        disconnected = asyncio.ensure_future(receive()) if call.stream else None
         try:
             if rt.activator is not None:
-                await rt.activator(rt)  # scaled to zero: held (bounded) while the controller starts a replica
+                await rt.activator()  # scaled to zero: held (bounded) while the controller starts a replica
             await self.proxy.forward(call, send, disconnected)
         except GatewayError as e:
-            self.m.rejections.labels(model_name, e.code, key_class).inc()
+            self.m.rejections.labels(rt.name, e.code, key_class(key)).inc()
             call.status = e.status
             raise
         finally:
-            rt.admission.release()
             if disconnected is not None and not disconnected.done():
                 disconnected.cancel()
-            self.m.requests.labels(model_name, route, call.upstream, str(call.status), key_class).inc()
-            self.m.e2e.labels(model_name, route, call.upstream).observe(time.monotonic() - t0)
-            if shadow_out is not None and not shadow_out.done():
-                shadow_out.set_result((call.output, stream))
-            await self.account(key, call, ptoks, est)
+            self.m.requests.labels(rt.name, call.route, call.upstream, str(call.status), key_class(key)).inc()
+            self.m.e2e.labels(rt.name, call.route, call.upstream).observe(time.monotonic() - call.t0)
+            if call.shadow_out is not None and not call.shadow_out.done():
+                call.shadow_out.set_result((call.output, call.stream))
+            await account(self.limiter, key, call, req)
+
+    def log_response(self, rt: ModelRuntime, call: Call) -> None:
         if rt.cfg.debug or self.log_content:
-            log.info("response model=%s status=%s body=%s", model_name, call.status,
+            log.info("response model=%s status=%s body=%s", rt.name, call.status,
                      b"".join(call.output)[:4000].decode(errors="replace"))
 
-    async def account(self, key: KeyRecord | None, call: Call, ptoks: int, est: int) -> None:
-        """Reconcile the tokens-per-minute bucket with the real usage (or the streamed chunk count)."""
-        if key is None:
-            return
-        used = est
-        if call.stream:
-            used = ptoks + max(0, call.completion_events - 1)  # ~one token per event, minus [DONE]
-        elif call.output and call.status == 200:
-            with contextlib.suppress(ValueError, KeyError, TypeError):
-                used = int(json.loads(b"".join(call.output))["usage"]["total_tokens"])
-        elif call.status != 200:
-            used = 0
-        if key.tpm:
-            await self.limiter.adjust(key.name, key.tpm, min(est, key.tpm) - used)
-        await self.limiter.count(key.name, 1, used)
+
+ROUTES: dict[tuple[str, str], Handler] = {
+    **{("POST", path): Gateway.proxied for path in PROXIED},
+    ("GET", "/health"): endpoints.health,
+    ("HEAD", "/health"): endpoints.health,
+    ("GET", "/v1/models"): endpoints.list_models,
+    ("GET", "/metrics"): endpoints.metrics,
+    ("GET", "/metrics/targets"): endpoints.metrics_targets,
+    ("GET", "/dashboard"): dashboard.page,
+    ("GET", "/dashboard/"): dashboard.page,
+    ("GET", "/dashboard/data"): dashboard.data,
+    ("GET", "/admin/upstreams"): admin.list_upstreams,
+    ("POST", "/admin/upstreams"): admin.add_upstream,
+    ("DELETE", "/admin/upstreams"): admin.remove_upstream,
+    ("GET", "/admin/keys"): admin.list_keys,
+    ("POST", "/admin/keys"): admin.create_key,
+    ("GET", "/admin/fleet"): admin.fleet_status,
+}
+PREFIX_ROUTES: list[tuple[str, str, Handler]] = [  # a path under a folder: the handler reads the rest
+    ("DELETE", "/admin/keys/", admin.revoke_key),
+    ("GET", "/dashboard/", dashboard.static_file),
+]
 
 
-def header(scope, name: bytes) -> bytes | None:
-    for k, v in scope["headers"]:
-        if k == name:
-            return v
-    return None
-
-
-def bearer(scope) -> str | None:
-    v = header(scope, b"authorization")
-    if v and v[:7].lower() == b"bearer ":
-        return v[7:].strip().decode(errors="replace")
-    return None
-
-
-async def read_body(receive) -> bytes:
-    chunks = []
-    while True:
-        m = await receive()
-        chunks.append(m.get("body", b""))
-        if not m.get("more_body"):
-            return b"".join(chunks)
-
-
-async def respond(send, status: int, body: bytes, ctype: bytes = b"application/json", headers=None) -> None:
-    h = headers or [(b"content-type", ctype)]
-    await send({"type": "http.response.start", "status": status, "headers": [*h, (b"content-length",
-                                                                                 str(len(body)).encode())]})
-    await send({"type": "http.response.body", "body": body})
+def route(method: str, path: str) -> Handler:
+    """The handler for a request; a 404 for an unknown path, a 405 for a known path and another method."""
+    handler = ROUTES.get((method, path))
+    if handler is not None:
+        return handler
+    for m, prefix, h in PREFIX_ROUTES:
+        if m == method and path.startswith(prefix) and len(path) > len(prefix):
+            return h
+    allowed = sorted({m for m, p in ROUTES if p == path} |
+                     {m for m, prefix, _ in PREFIX_ROUTES if path.startswith(prefix) and len(path) > len(prefix)})
+    if allowed:
+        raise method_not_allowed(method, path, allowed)
+    raise not_found(f"no route {method} {path}")

@@ -1,8 +1,48 @@
-"""Where the prompt text lives in an OpenAI request body: for routing, token estimates and guardrails."""
+"""A proxied request's body as the gateway reads it (ProxiedRequest), and where the prompt text lives in
+an OpenAI request body: for routing, token estimates and guardrails."""
 
 from __future__ import annotations
 
+import json
 import math
+from dataclasses import dataclass
+from typing import Any
+
+from argosy.gateway.errors import bad_request
+
+
+@dataclass
+class ProxiedRequest:
+    """The fields of one OpenAI request the gateway reads; the body goes upstream as received (unless an
+    input guardrail rewrote a prompt)."""
+    path: str
+    body: bytes
+    fields: dict[str, Any]
+    model: str
+    stream: bool
+    user: str | None
+    text: str  # the prompt as routing sees it
+    prompt_tokens: int  # estimated (exact for token ids)
+    texts: list[str]  # what input guardrails check
+    estimate: int  # prompt + completion tokens: what limits reserve and load counts
+
+    @classmethod
+    def parse(cls, path: str, body: bytes, default_max_tokens: int) -> ProxiedRequest:
+        try:
+            req = json.loads(body)
+            model = req["model"]
+        except (ValueError, KeyError, TypeError):
+            raise bad_request("the body must be a JSON object with a 'model' field", "model") from None
+        text, ptoks, texts = prompt_of(path, req)
+        max_toks = req.get("max_tokens") or req.get("max_completion_tokens") or default_max_tokens
+        est = ptoks + (int(max_toks) if path != "/v1/embeddings" else 0)
+        return cls(path, body, req, model, bool(req.get("stream")), req.get("user") or None, text, ptoks, texts,
+                   est)
+
+    def set_texts(self, texts: list[str]) -> None:
+        """Guardrails redacted the prompt: the body sent upstream carries the new texts."""
+        set_texts(self.path, self.fields, texts)
+        self.body = json.dumps(self.fields).encode()
 
 
 def prompt_of(path: str, req: dict) -> tuple[str, int, list[str]]:

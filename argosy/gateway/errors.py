@@ -8,10 +8,12 @@ import math
 
 class GatewayError(Exception):
     def __init__(self, status: int, message: str, type_: str, code: str | None = None,
-                 param: str | None = None, retry_after: float | None = None):
+                 param: str | None = None, retry_after: float | None = None,
+                 headers: list[tuple[bytes, bytes]] | None = None):
         super().__init__(message)
         self.status, self.message, self.type, self.code, self.param = status, message, type_, code, param
         self.retry_after = retry_after
+        self.extra_headers = headers or []
 
     def body(self) -> bytes:
         return error_body(self.message, self.type, self.code, self.param)
@@ -20,7 +22,7 @@ class GatewayError(Exception):
         h = [(b"content-type", b"application/json")]
         if self.retry_after is not None:
             h.append((b"retry-after", str(max(1, math.ceil(self.retry_after))).encode()))
-        return h
+        return h + self.extra_headers
 
 
 def error_body(message: str, type_: str, code: str | None = None, param: str | None = None) -> bytes:
@@ -37,3 +39,13 @@ def unavailable(message: str, code: str, retry_after: float = 1.0) -> GatewayErr
 
 def rate_limited(message: str, code: str, retry_after: float) -> GatewayError:
     return GatewayError(429, message, "rate_limit_error", code, retry_after=retry_after)
+
+
+def not_found(message: str) -> GatewayError:
+    return GatewayError(404, message, "not_found_error", "not_found")
+
+
+def method_not_allowed(method: str, path: str, allowed: list[str]) -> GatewayError:
+    return GatewayError(405, f"{method} is not allowed on {path} (allowed: {', '.join(allowed)})",
+                        "invalid_request_error", "method_not_allowed",
+                        headers=[(b"allow", ", ".join(allowed).encode())])

@@ -12,9 +12,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import aiohttp
+
+from argosy.gateway.scraper import ReplicaScraper
 
 CLOSED, OPEN, HALF_OPEN = "closed", "open", "half_open"
 
@@ -85,26 +87,12 @@ class Upstream:
                 "served": self.served, "failed": self.failed}
 
 
-GAUGES = {b"vllm:num_requests_waiting": "waiting", b"vllm:kv_cache_usage_perc": "kv_usage"}
-
-
-def parse_gauges(text: bytes) -> dict[str, float]:
-    """Sum the vllm:* gauges we route on over all label sets (one replica may serve several models)."""
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        for name, attr in GAUGES.items():
-            if line.startswith(name) and line[len(name):len(name) + 1] in (b"{", b" "):
-                with contextlib.suppress(ValueError, IndexError):
-                    out[attr] = out.get(attr, 0.0) + float(line.rsplit(None, 1)[1])
-    return out
-
-
 class HealthChecker:
     """Active checks: GET /health (any answer below 500 means alive: llama.cpp's server has no
-    /health), then GET /metrics for the load gauges when `scrape` is set."""
+    /health), then the replica's load gauges through the scraper when `scrape(upstream)` says so."""
 
-    def __init__(self, session: aiohttp.ClientSession, interval: float, timeout: float):
-        self.session, self.interval = session, interval
+    def __init__(self, session: aiohttp.ClientSession, interval: float, timeout: float, scraper: ReplicaScraper):
+        self.session, self.interval, self.scraper = session, interval, scraper
         self.timeout = aiohttp.ClientTimeout(total=timeout)
         self.task: asyncio.Task | None = None
 
@@ -114,11 +102,7 @@ class HealthChecker:
                 await r.read()
                 ok = r.status < 500
             if ok and scrape:
-                async with self.session.get(u.url + "/metrics", timeout=self.timeout) as r:
-                    if r.status == 200:
-                        g = parse_gauges(await r.read())
-                        u.waiting = g.get("waiting", 0.0)
-                        u.kv_usage = g.get("kv_usage", 0.0)
+                await self.scraper.scrape(u.url)  # a replica that cannot serve /metrics fails the check
         except (TimeoutError, aiohttp.ClientError, OSError):
             ok = False
         if ok:
@@ -128,13 +112,13 @@ class HealthChecker:
             u.failure(passive=False)
         return ok
 
-    async def run(self, upstreams: callable, scrape: callable) -> None:
+    async def run(self, upstreams: Callable[[], Iterable[Upstream]], scrape: Callable[[Upstream], bool]) -> None:
         while True:
-            ups: Iterable[Upstream] = list(upstreams())
+            ups = list(upstreams())
             await asyncio.gather(*(self.check(u, scrape(u)) for u in ups), return_exceptions=True)
             await asyncio.sleep(self.interval)
 
-    def start(self, upstreams, scrape) -> None:
+    def start(self, upstreams: Callable[[], Iterable[Upstream]], scrape: Callable[[Upstream], bool]) -> None:
         self.task = asyncio.get_running_loop().create_task(self.run(upstreams, scrape))
 
     async def stop(self) -> None:

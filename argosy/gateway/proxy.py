@@ -52,6 +52,7 @@ class Call:
     trace: Any = None  # argosy.observe.tracing.RequestTrace when tracing is on
     headers: dict[str, str] = field(default_factory=JSON_HEADERS.copy)  # to the upstream (x-request-id, ...)
     request_id: str = ""  # returned to the caller as X-Request-Id
+    shadow_out: asyncio.Future | None = None  # a shadow request waits for this output to compare
 
 
 def stream_error(message: str, code: str) -> bytes:

@@ -1,6 +1,10 @@
 """A model as the gateway sees it: admission, guardrails, weighted routes between revisions (the
 mechanism canary rollouts use) and shadow mirroring of a sampled share of requests.
 
+ModelRuntime is also what the fleet controller drives (argosy.fleet.seams.ModelRoutes): replicas join
+and leave its routing sets, it reports in-flight and finished counts per replica and the admission
+load, and the controller's activator hook holds requests while a model scaled to zero starts.
+
 Shadows run as background tasks against their own upstreams: never awaited by the user's request,
 dropped (not queued) beyond `shadow.max_in_flight`; the gateway records their latency and whether
 their output agrees with what the user got.
@@ -14,15 +18,17 @@ import json
 import logging
 import random
 import time
+from collections.abc import Awaitable, Callable
 
 import aiohttp
 
 from argosy.config import GatewayConfig, ModelConfig, TrafficRoute
-from argosy.gateway.admission import Admission
+from argosy.gateway.admission import Admission, AdmissionLoad
 from argosy.gateway.guardrails import Guardrails
 from argosy.gateway.health import Upstream
 from argosy.gateway.prefix_index import PrefixIndex
 from argosy.gateway.router import Router, RouteRequest
+from argosy.gateway.scraper import ReplicaGauges
 
 log = logging.getLogger("argosy.gateway")
 
@@ -40,6 +46,19 @@ class UpstreamRegistry:
         if u is None:
             u = self.by_url[url] = Upstream(url, self.gw.eject_after_failures, self.gw.eject_for_s)
         return u
+
+    def find(self, url: str) -> Upstream | None:
+        return self.by_url.get(url.rstrip("/"))
+
+    def forget(self, url: str) -> None:
+        """Drop an upstream's state (breaker, counts): a later replica on the same address starts fresh."""
+        self.by_url.pop(url.rstrip("/"), None)
+
+    def take_gauges(self, url: str, g: ReplicaGauges) -> None:
+        """A replica's scraped load (ReplicaScraper): the queue and KV usage this gateway does not see."""
+        u = self.by_url.get(url)
+        if u is not None:
+            u.waiting, u.kv_usage = g.waiting, g.kv_usage
 
 
 class ModelRuntime:
@@ -60,9 +79,9 @@ class ModelRuntime:
         self.total_weight = sum(w for _, w in self.weights) or 1.0
         self.shadow = cfg.shadow
         self.shadow_router: Router | None = None
-        # Set by the fleet controller (argosy serve): `await activator(rt)` holds a request while the model
+        # Set by the fleet controller (argosy serve): `await activator()` holds a request while the model
         # has no live upstream and a replica is starting (scale from zero), or raises a GatewayError.
-        self.activator = None
+        self.activator: Callable[[], Awaitable[None]] | None = None
         if cfg.shadow:
             self.shadow_router = Router(cfg.routing.model_copy(update={"policy": "least_load"}), None, index)
             self.shadow_router.set_upstreams([reg.get(x) for x in cfg.shadow.upstreams or []])
@@ -107,6 +126,27 @@ class ModelRuntime:
                 r.set_upstreams([u for u in r.upstreams if u.url != url])
                 found = True
         return found
+
+    # ------------------------------------------------------------------ what the fleet controller reads
+
+    def in_flight(self, url: str) -> int:
+        """This gateway's requests in flight on one upstream (0 for one it does not know)."""
+        u = self.reg.find(url)
+        return u.in_flight if u is not None else 0
+
+    def finished(self, url: str) -> int | None:
+        """Requests this gateway finished on one upstream, answered or failed; None for one it does not know."""
+        u = self.reg.find(url)
+        return None if u is None else u.served + u.failed
+
+    def admission_load(self) -> AdmissionLoad:
+        return self.admission.load()
+
+    def has_live_upstream(self) -> bool:
+        return any(u.available() for r in self.routers.values() for u in r.upstreams)
+
+    def set_activator(self, hook: Callable[[], Awaitable[None]] | None) -> None:
+        self.activator = hook
 
 
 def response_text(chunks: list[bytes], stream: bool) -> str:

@@ -3,25 +3,25 @@ rates and latency quantiles between consecutive snapshots, kept for the last HIS
 
 Sampling is lazy: a poll of /dashboard/data takes a snapshot when the last one is at least
 MIN_INTERVAL_S old, so an unwatched gateway pays nothing and many open pages cost one snapshot a second.
+The replicas' gauges come from whoever samples (the gateway's ReplicaScraper): this module fetches nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import math
 import time
 from collections import deque
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import aiohttp
-from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client import CollectorRegistry
 
 HISTORY = 300  # points kept: 10 min at the page's 2 s poll
 MIN_INTERVAL_S = 1.0
-REPLICA_GAUGES = {"vllm:kv_cache_usage_perc": "kv", "vllm:num_requests_waiting": "waiting",
-                  "vllm:num_requests_running": "running"}
+# The replicas' gauges, by URL: {"kv": vllm:kv_cache_usage_perc, "waiting": ..., "running": ...}
+ReplicaGaugesFn = Callable[[list[str]], Awaitable[dict[str, dict[str, float]]]]
 
 
 @dataclass
@@ -79,40 +79,29 @@ def read_registry(registry: Any, snap: Snapshot) -> None:
                 snap.ready[model] = s.value
 
 
-async def scrape_replica(session: aiohttp.ClientSession, url: str) -> dict[str, float]:
-    out: dict[str, float] = {}
-    with contextlib.suppress(Exception):  # a replica that does not answer in time shows no gauges
-        async with session.get(url + "/metrics", timeout=aiohttp.ClientTimeout(total=1.0)) as r:
-            text = (await r.read()).decode(errors="replace")
-        for fam in text_string_to_metric_families(text):
-            key = REPLICA_GAUGES.get(fam.name)
-            for s in fam.samples if key else ():
-                out[key] = out.get(key, 0.0) + s.value
-    return out
-
-
 def delta(cur: dict[float, float], prev: dict[float, float] | None) -> dict[float, float]:
     return {le: max(0.0, c - (prev or {}).get(le, 0.0)) for le, c in cur.items()}
 
 
 class Sampler:
-    def __init__(self, gw: Any):
-        self.gw = gw
+    def __init__(self, registry: CollectorRegistry):
+        self.registry = registry
         self.last: Snapshot | None = None
         self.points: deque[dict[str, dict[str, float | None]]] = deque(maxlen=HISTORY)
         self.times: deque[float] = deque(maxlen=HISTORY)
         self.lock = asyncio.Lock()
 
-    async def sample(self, urls_by_model: dict[str, list[str]]) -> None:
+    async def sample(self, urls_by_model: dict[str, list[str]], replica_gauges: ReplicaGaugesFn) -> None:
+        """A snapshot, unless the last one is younger than MIN_INTERVAL_S; a replica that did not answer
+        in time has no gauges in it."""
         async with self.lock:
             if self.last is not None and time.time() - self.last.t < MIN_INTERVAL_S:
                 return
             snap = Snapshot(time.time())
-            read_registry(self.gw.m.registry, snap)
+            read_registry(self.registry, snap)
             urls = [u for us in urls_by_model.values() for u in us]
-            if self.gw.session is not None and urls:
-                got = await asyncio.gather(*(scrape_replica(self.gw.session, u) for u in urls))
-                snap.replicas = dict(zip(urls, got, strict=True))
+            if urls:
+                snap.replicas = await replica_gauges(urls)
             for model, us in urls_by_model.items():
                 waiting = sum(snap.replicas.get(u, {}).get("waiting", 0.0) for u in us)
                 snap.queue[model] = snap.queue.get(model, 0.0) + waiting

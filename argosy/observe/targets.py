@@ -2,10 +2,11 @@
 
     [{"targets": ["127.0.0.1:41235"], "labels": {"model": "tiny", "replica": "r3"}}, ...]
 
-Every upstream the gateway routes to (fixed `upstreams:` too) and, under `argosy serve`, every replica
-the controller runs that listens (warming, ready, draining; warm-pool ones included), so Prometheus
-follows scale-ups and scale-downs without a restart (deploy/prometheus/prometheus.yml). No `state`
-label: a target's labels name its series, and a replica going warming -> ready must stay one series.
+The gateway lists the rows (argosy.gateway.endpoints): every upstream it routes to (fixed `upstreams:`
+too) and, under `argosy serve`, every replica the controller runs that listens (warming, ready, draining;
+warm-pool ones included), so Prometheus follows scale-ups and scale-downs without a restart
+(deploy/prometheus/prometheus.yml). No `state` label: a target's labels name its series, and a replica
+going warming -> ready must stay one series.
 """
 
 from __future__ import annotations
@@ -15,26 +16,10 @@ from typing import Any
 from urllib.parse import urlsplit
 
 
-def replica_targets(gw: Any) -> list[dict[str, Any]]:
-    """(url, model, replica id, state) rows: the controller's replicas first, then the routing sets."""
-    rows: dict[str, dict[str, Any]] = {}
-    controller = getattr(gw, "controller", None)
-    if controller is not None:
-        for name, mc in controller.models.items():
-            for r in list(mc.replicas.values()):
-                if r.url and r.state in ("warming", "ready", "draining"):
-                    rows[r.url] = {"url": r.url, "model": name, "replica": r.id, "state": r.state,
-                                   "pooled": r.pooled}
-    for name, rt in gw.models.items():
-        for u in rt.upstreams():
-            rows.setdefault(u.url, {"url": u.url, "model": name, "replica": "", "state": u.state,
-                                    "pooled": False})
-    return list(rows.values())
-
-
-def http_sd(gw: Any) -> bytes:
+def http_sd(rows: list[dict[str, Any]]) -> bytes:
+    """Rows {url, model, replica} as HTTP SD target groups (`replica` defaults to the address)."""
     groups = []
-    for row in replica_targets(gw):
+    for row in rows:
         parts = urlsplit(row["url"])
         labels = {"model": row["model"], "replica": row["replica"] or parts.netloc}
         if parts.scheme == "https":

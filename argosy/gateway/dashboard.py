@@ -1,48 +1,58 @@
 """The live dashboard, served by the gateway (docs/observe.md).
 
-    GET /dashboard            the page (static/index.html); it polls /dashboard/data every 2 s
+    GET /dashboard            the page (argosy/observe/static/index.html); it polls /dashboard/data every 2 s
     GET /dashboard/data       JSON: models, replicas with state and load, autoscaler decisions, time series
     GET /dashboard/<file>     the page's script and styles and the vendored uPlot (MIT), from the package
 
-Charts come from uPlot, vendored into static/ (no CDN: a fleet often has no internet).
+Charts come from uPlot, vendored into argosy/observe/static/ (no CDN: a fleet often has no internet). The
+time series are argosy.observe.sampler's; the replicas' gauges come from the gateway's ReplicaScraper.
 """
 
 from __future__ import annotations
 
 import json
 import time
-import weakref
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from argosy.gateway.app import respond
-from argosy.gateway.errors import GatewayError
-from argosy.observe.sampler import HISTORY, Sampler
+import argosy.observe
+from argosy.gateway.asgi import Receive, Scope, Send, respond
+from argosy.gateway.errors import not_found
+from argosy.observe.sampler import HISTORY, MIN_INTERVAL_S
 
-STATIC = Path(__file__).parent / "static"
+if TYPE_CHECKING:
+    from argosy.gateway.app import Gateway
+
+STATIC = Path(argosy.observe.__file__).parent / "static"
 TYPES = {".html": b"text/html; charset=utf-8", ".js": b"text/javascript; charset=utf-8",
          ".css": b"text/css; charset=utf-8"}
-_samplers: weakref.WeakKeyDictionary[Any, Sampler] = weakref.WeakKeyDictionary()
 
 
-async def handle(gw: Any, send: Any, path: str) -> None:
-    if path in ("/dashboard", "/dashboard/"):
-        return await respond(send, 200, (STATIC / "index.html").read_bytes(), TYPES[".html"])
-    if path == "/dashboard/data":
-        return await respond(send, 200, json.dumps(await data(gw)).encode())
-    name = path.removeprefix("/dashboard/")
+async def page(gw: Gateway, scope: Scope, receive: Receive, send: Send) -> None:
+    await respond(send, 200, (STATIC / "index.html").read_bytes(), TYPES[".html"])
+
+
+async def static_file(gw: Gateway, scope: Scope, receive: Receive, send: Send) -> None:
+    name = scope["path"].removeprefix("/dashboard/")
     f = STATIC / name
     if "/" in name or f.suffix not in TYPES or not f.is_file():  # only the package's own files
-        raise GatewayError(404, f"no dashboard file {name!r}", "not_found_error", "not_found")
+        raise not_found(f"no dashboard file {name!r}")
     await respond(send, 200, f.read_bytes(), TYPES[f.suffix])
 
 
-async def data(gw: Any) -> dict[str, Any]:
-    sampler = _samplers.get(gw)
-    if sampler is None:
-        sampler = _samplers[gw] = Sampler(gw)
+async def data(gw: Gateway, scope: Scope, receive: Receive, send: Send) -> None:
+    await respond(send, 200, json.dumps(await snapshot(gw)).encode())
+
+
+async def snapshot(gw: Gateway) -> dict[str, Any]:
+    sampler = gw.sampler
     models = model_table(gw)
-    await sampler.sample({m["model"]: [r["url"] for r in m["replicas"] if r["url"]] for m in models})
+
+    async def replica_gauges(urls: list[str]) -> dict[str, dict[str, float]]:
+        got = await gw.scraper.refresh(urls, max_age=MIN_INTERVAL_S)
+        return {u: {"kv": g.kv_usage, "waiting": g.waiting, "running": g.running} for u, g in got.items()}
+
+    await sampler.sample({m["model"]: [r["url"] for r in m["replicas"] if r["url"]] for m in models}, replica_gauges)
     gauges = sampler.last.replicas if sampler.last else {}
     for m in models:
         for r in m["replicas"]:
@@ -52,11 +62,11 @@ async def data(gw: Any) -> dict[str, Any]:
             "decisions": decisions(gw), **sampler.series()}
 
 
-def model_table(gw: Any) -> list[dict[str, Any]]:
+def model_table(gw: Gateway) -> list[dict[str, Any]]:
     """Each model with its replicas (state, in flight): the controller's view under `argosy serve`,
     else the upstreams the gateway routes to (state = the breaker's)."""
-    controller = getattr(gw, "controller", None)
-    managed = {} if controller is None else {mc["model"]: mc for mc in controller.status()["models"]}
+    fleet = gw.fleet_view
+    managed = {} if fleet is None else {mc["model"]: mc for mc in fleet.status()["models"]}
     out = []
     for name, rt in gw.models.items():
         st = managed.get(name)
@@ -68,18 +78,18 @@ def model_table(gw: Any) -> list[dict[str, Any]]:
             replicas = [{"id": u.url, "state": "ready" if u.state == "closed" else f"breaker {u.state}",
                          "pooled": False, "url": u.url, "node": None, "in_flight": u.in_flight, "age_s": None,
                          "cold_start_s": None} for u in rt.upstreams()]
+        load = rt.admission_load()
         out.append({"model": name, "managed": st is not None, "desired": st["desired"] if st else None,
                     "ready": sum(1 for r in replicas if r["state"] == "ready" and not r["pooled"]),
-                    "in_flight": rt.admission.in_flight, "queued": rt.admission.waiting,
+                    "in_flight": load.in_flight, "queued": load.waiting,
                     "held": st["held"] if st else 0, "panic": bool(st and st["panic"]),
                     "unplaceable": st["unplaceable"] if st else None, "replicas": replicas})
     return out
 
 
-def decisions(gw: Any) -> list[dict[str, Any]]:
+def decisions(gw: Gateway) -> list[dict[str, Any]]:
     """The autoscaler's recent decisions that changed something (up to 20 per model), oldest first."""
-    controller = getattr(gw, "controller", None)
-    if controller is None:
+    if gw.fleet_view is None:
         return []
     keep = ("model", "at", "direction", "actual", "desired", "ready", "panic", "reason")
-    return [{k: d.get(k) for k in keep} for mc in controller.models.values() for d in list(mc.decisions)]
+    return [{k: d.get(k) for k in keep} for d in gw.fleet_view.decisions()]

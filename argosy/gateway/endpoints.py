@@ -1,0 +1,45 @@
+"""The gateway's own small endpoints: /health, /v1/models, /metrics and /metrics/targets."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from argosy.gateway.asgi import PROMETHEUS_TEXT, Receive, Scope, Send, respond, respond_json
+from argosy.observe.targets import http_sd
+
+if TYPE_CHECKING:
+    from argosy.gateway.app import Gateway
+
+
+async def health(gw: Gateway, scope: Scope, receive: Receive, send: Send) -> None:
+    await respond(send, 200, b'{"status":"ok"}')
+
+
+async def list_models(gw: Gateway, scope: Scope, receive: Receive, send: Send) -> None:
+    gw.authenticate(scope)
+    data = [{"id": n, "object": "model", "owned_by": "argosy"} for n in gw.models]
+    await respond_json(send, 200, {"object": "list", "data": data})
+
+
+async def metrics(gw: Gateway, scope: Scope, receive: Receive, send: Send) -> None:
+    for u in gw.reg.by_url.values():
+        gw.m.healthy.labels(u.url).set(1 if u.state == "closed" else 0)
+        gw.m.upstream_in_flight.labels(u.url).set(u.in_flight)
+    await respond(send, 200, gw.m.render(), PROMETHEUS_TEXT)
+
+
+async def metrics_targets(gw: Gateway, scope: Scope, receive: Receive, send: Send) -> None:
+    await respond(send, 200, http_sd(replica_targets(gw)))
+
+
+def replica_targets(gw: Gateway) -> list[dict[str, Any]]:
+    """(url, model, replica id, state) rows: the controller's replicas first, then the routing sets."""
+    rows: dict[str, dict[str, Any]] = {}
+    if gw.fleet_view is not None:
+        for row in gw.fleet_view.targets():
+            rows[row["url"]] = row
+    for name, rt in gw.models.items():
+        for u in rt.upstreams():
+            rows.setdefault(u.url, {"url": u.url, "model": name, "replica": "", "state": u.state,
+                                    "pooled": False})
+    return list(rows.values())

@@ -1,0 +1,17 @@
+"""What the gateway shows of the fleet controller under `argosy serve` (argosy.fleet.controller.Controller
+implements it; the gateway is handed one through Gateway.attach_fleet)."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+
+class FleetView(Protocol):
+    def status(self) -> dict:
+        """Nodes, models, replicas, recent decisions: GET /admin/fleet, `argosy status`."""
+
+    def decisions(self) -> list[dict]:
+        """The autoscalers' recent decisions that changed something."""
+
+    def targets(self) -> list[dict]:
+        """Replicas that listen: {url, model, replica, state, pooled}."""
