@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from argosy.gateway.errors import bad_request
+from argosy.gateway.validation import check_body
 
 
 @dataclass
@@ -28,16 +29,17 @@ class ProxiedRequest:
 
     @classmethod
     def parse(cls, path: str, body: bytes, default_max_tokens: int) -> ProxiedRequest:
+        """Parse and check (validation.check_body) before anything acts on the body: a 400 otherwise."""
         try:
             req = json.loads(body)
-            model = req["model"]
-        except (ValueError, KeyError, TypeError):
-            raise bad_request("the body must be a JSON object with a 'model' field", "model") from None
+        except (ValueError, RecursionError):  # not JSON, not UTF-8, or nested past the parser's depth
+            raise bad_request("the body must be a JSON object (with a 'model' field)", None, "invalid_json") from None
+        check_body(path, req)
         text, ptoks, texts = prompt_of(path, req)
         max_toks = req.get("max_tokens") or req.get("max_completion_tokens") or default_max_tokens
         est = ptoks + (int(max_toks) if path != "/v1/embeddings" else 0)
-        return cls(path, body, req, model, bool(req.get("stream")), req.get("user") or None, text, ptoks, texts,
-                   est)
+        return cls(path, body, req, req["model"], bool(req.get("stream")), req.get("user") or None, text, ptoks,
+                   texts, est)
 
     def set_texts(self, texts: list[str]) -> None:
         """Guardrails redacted the prompt: the body sent upstream carries the new texts."""
