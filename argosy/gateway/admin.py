@@ -1,5 +1,6 @@
-"""Admin endpoints, behind the admin key (`admin_key_hash`); open only when no keys exist at all
-(then the gateway is loopback-only).
+"""Admin endpoints, behind the admin key (`admin_key_hash`). Open without one only on a gateway that
+listens on loopback alone and has no keys at all; beyond loopback they need the admin key whatever
+else is set (`--insecure` included), and so do the replica URLs (/metrics/targets, /dashboard/data).
 
 GET /admin/upstreams                      every model's upstreams and their state
 POST /admin/upstreams {model, url[, revision]}   add one (how an autoscaler registers replicas)
@@ -13,6 +14,7 @@ GET /admin/fleet                          with `argosy serve`: nodes, replicas, 
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import json
 from typing import TYPE_CHECKING, Any
 
@@ -25,12 +27,24 @@ if TYPE_CHECKING:
     from argosy.gateway.traffic import ModelRuntime
 
 
+def is_loopback(host: str) -> bool:
+    """Whether an address to listen on is loopback only (127.0.0.0/8, ::1, localhost)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a host name, 0.0.0.0, ::, an interface's address: reachable from elsewhere
+
+
 def require_admin(gw: Gateway, scope: Scope) -> None:
+    """The admin key, unless the gateway listens on loopback alone and has no keys at all."""
     if gw.keys.admin_hash is None:
-        if gw.keys.empty:
+        if gw.keys.empty and gw.loopback_only:
             return
-        raise GatewayError(403, "admin endpoints are disabled: set admin_key_hash in the fleet file "
-                           "(argosy keys add admin --admin --config FILE)", "permission_error", "admin_disabled")
+        why = "the gateway listens beyond loopback" if not gw.loopback_only else "the fleet has API keys"
+        raise GatewayError(403, f"admin endpoints are disabled: {why} and no admin key is set (add one: "
+                           "argosy keys add admin --admin --config FILE)", "permission_error", "admin_disabled")
     key = bearer(scope)
     if key:
         d = hashlib.sha256(key.encode()).digest()
@@ -38,6 +52,12 @@ def require_admin(gw: Gateway, scope: Scope) -> None:
             gw.admin_digest = d  # cache the verified admin key's digest: one scrypt per process
             return
     raise GatewayError(401, "an admin key is required", "authentication_error", "invalid_admin_key")
+
+
+def require_admin_beyond_loopback(gw: Gateway, scope: Scope) -> None:
+    """For what publishes replica URLs (/metrics/targets, /dashboard/data): open on loopback, else admin."""
+    if not gw.loopback_only:
+        require_admin(gw, scope)
 
 
 async def admin_body(gw: Gateway, scope: Scope, receive: Receive) -> dict[str, Any]:

@@ -51,6 +51,9 @@ class Gateway:
         self.registry: CollectorRegistry = self.m.registry
         self.keys = KeyStore([KeyRecord.from_config(k) for k in fleet.keys], fleet.admin_key_hash)
         self.admin_digest: bytes | None = None  # SHA-256 of the admin key once verified (admin.require_admin)
+        # Where it listens (`--host` overrides the file; cli.bind writes it back): beyond loopback, admin
+        # endpoints and replica URLs need the admin key whatever else is set.
+        self.loopback_only = admin.is_loopback(gw.host)
         self.reg = UpstreamRegistry(gw)
         r0 = fleet.models[0].routing if fleet.models else None
         self.index = PrefixIndex(r0.prefix_max_blocks if r0 else 200_000, r0.prefix_ttl_s if r0 else 600.0)

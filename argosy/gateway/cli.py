@@ -1,13 +1,13 @@
 """`argosy gateway --config fleet.yaml` and `argosy keys add NAME --config fleet.yaml`.
 
 Safe default: with no keys configured the gateway needs no key, so it only binds a loopback
-address; binding anything else without keys is refused unless --insecure.
+address; binding anything else without keys is refused unless --insecure. Beyond loopback, admin
+endpoints need the admin key whatever else is set (admin.require_admin).
 """
 
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import socket
 import sys
 from pathlib import Path
@@ -15,6 +15,7 @@ from pathlib import Path
 import yaml
 
 from argosy.config import FleetConfigError, load_fleet, parse_fleet
+from argosy.gateway.admin import is_loopback
 from argosy.gateway.keys import new_key
 from argosy.observe.logs import add_logging_arguments, setup_logging
 
@@ -34,15 +35,6 @@ def add_observe_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--otlp-endpoint", default=None, metavar="URL",
                         help="override gateway.otlp_endpoint: export traces over OTLP/HTTP (default: off)")
     add_logging_arguments(parser, log_level=False)
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def bind(fleet, args: argparse.Namespace, prog: str) -> tuple[socket.socket, str] | None:
@@ -65,6 +57,10 @@ def bind(fleet, args: argparse.Namespace, prog: str) -> tuple[socket.socket, str
         return None
     if args.otlp_endpoint:
         gw.otlp_endpoint = args.otlp_endpoint  # replicas the fleet starts get it too (model_controller)
+    gw.host = host  # the gateway app decides what needs the admin key from where it listens
+    if not is_loopback(host) and fleet.admin_key_hash is None:
+        print(f"{prog}: no admin key: /admin/*, /metrics/targets and /dashboard/data are disabled on {host} "
+              "(argosy keys add admin --admin --config FILE)", file=sys.stderr)
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

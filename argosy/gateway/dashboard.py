@@ -2,6 +2,7 @@
 
     GET /dashboard            the page (argosy/observe/static/index.html); it polls /dashboard/data every 2 s
     GET /dashboard/data       JSON: models, replicas with state and load, autoscaler decisions, time series
+                              (the admin key when the gateway listens beyond loopback: it names replicas)
     GET /dashboard/<file>     the page's script and styles and the vendored uPlot (MIT), from the package
 
 Charts come from uPlot, vendored into argosy/observe/static/ (no CDN: a fleet often has no internet). The
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import argosy.observe
+from argosy.gateway.admin import require_admin_beyond_loopback
 from argosy.gateway.asgi import Receive, Scope, Send, respond
 from argosy.gateway.errors import not_found
 from argosy.observe.sampler import HISTORY, MIN_INTERVAL_S
@@ -41,6 +43,7 @@ async def static_file(gw: Gateway, scope: Scope, receive: Receive, send: Send) -
 
 
 async def data(gw: Gateway, scope: Scope, receive: Receive, send: Send) -> None:
+    require_admin_beyond_loopback(gw, scope)  # it lists replica URLs; the page itself stays open
     await respond(send, 200, json.dumps(await snapshot(gw)).encode())
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from argosy.gateway.admin import require_admin_beyond_loopback
 from argosy.gateway.asgi import PROMETHEUS_TEXT, Receive, Scope, Send, respond, respond_json
 from argosy.observe.targets import http_sd
 
@@ -29,6 +30,7 @@ async def metrics(gw: Gateway, scope: Scope, receive: Receive, send: Send) -> No
 
 
 async def metrics_targets(gw: Gateway, scope: Scope, receive: Receive, send: Send) -> None:
+    require_admin_beyond_loopback(gw, scope)  # replica URLs: a way around the gateway's keys and limits
     await respond(send, 200, http_sd(replica_targets(gw)))
 
 

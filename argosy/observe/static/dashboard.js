@@ -77,10 +77,33 @@ function renderDecisions(decisions) {
   document.querySelector("#decisions tbody").innerHTML = rows || '<tr><td colspan="6">none yet</td></tr>';
 }
 
+// A gateway that listens beyond loopback serves the data (it names replicas) only with the admin key:
+// the page asks for it once and keeps it for this tab (sessionStorage), sent as a bearer token.
+const KEY_ITEM = "argosy-admin-key";
+
+function askForKey() {
+  if (document.getElementById("key-form")) return;
+  const form = document.createElement("form");
+  form.id = "key-form";
+  form.innerHTML = '<input type="password" id="admin-key" placeholder="admin key" autocomplete="off"> <button>show</button>';
+  form.addEventListener("submit", (e) => {
+    e.preventDefault();
+    sessionStorage.setItem(KEY_ITEM, document.getElementById("admin-key").value.trim());
+    form.remove();
+  });
+  document.querySelector("header").appendChild(form);
+}
+
 async function poll() {
   const status = document.getElementById("status");
   try {
-    const r = await fetch("/dashboard/data", {cache: "no-store"});
+    const key = sessionStorage.getItem(KEY_ITEM);
+    const r = await fetch("/dashboard/data", {cache: "no-store", headers: key ? {authorization: `Bearer ${key}`} : {}});
+    if (r.status === 401 || r.status === 403) {
+      sessionStorage.removeItem(KEY_ITEM);
+      askForKey();
+      throw new Error(`HTTP ${r.status}: this gateway shows its data with the admin key`);
+    }
     if (!r.ok) throw new Error(`HTTP ${r.status}`);
     const d = await r.json();
     renderModels(d.models);
