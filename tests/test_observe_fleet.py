@@ -1,13 +1,17 @@
 """Observability against one running `argosy serve` (a real replica): every series follows the naming
 scheme and is documented; a real Prometheus scrapes gateway, controller and replicas (found through
-/metrics/targets); the dashboard renders live data in headless Chromium."""
+/metrics/targets); the dashboard renders live data in headless Chromium; once traffic ends, every gauge
+agrees with `argosy status` and the replica."""
 
 from __future__ import annotations
 
+import concurrent.futures as cf
+import json
 import re
 import shutil
 import socket
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -206,3 +210,76 @@ def chromium(url: str, tmp: Path, *args: str) -> str:
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=90)
     assert out.returncode == 0, out.stderr[-2000:]
     return out.stdout
+
+
+def test_every_gauge_agrees_with_argosy_status_and_the_replica_once_traffic_ends(serve):
+    """Issue 15, item 7: after streamed and whole requests, one cut off by its client and two refused (by the
+    gateway and by the replica), each gauge the gateway, the controller and the replica export describes
+    the state it names, as `argosy status` and the replica itself see it."""
+    client = openai.OpenAI(base_url=serve.url + "/v1", api_key="none", max_retries=0, timeout=60)
+    args = dict(model="tiny", prompt="It is a truth", max_tokens=12, extra_body={"ignore_eos": True})
+
+    def cut_off() -> None:  # reads the first chunk of a long stream, then hangs up
+        body = {"model": "tiny", "prompt": "Once", "max_tokens": 200, "stream": True, "ignore_eos": True}
+        with httpx.stream("POST", serve.url + "/v1/completions", json=body, timeout=60) as r:
+            next(r.iter_raw())
+
+    with cf.ThreadPoolExecutor(8) as ex:
+        jobs = [ex.submit(lambda: list(client.completions.create(stream=True, **args))) for _ in range(3)]
+        jobs += [ex.submit(lambda: client.completions.create(**args)) for _ in range(3)] + [ex.submit(cut_off)]
+        assert httpx.post(serve.url + "/v1/completions", content=b"{not json", timeout=10).status_code == 400
+        r = httpx.post(serve.url + "/v1/completions", timeout=30, json={"model": "tiny", "prompt": "x",
+                                                                        "max_tokens": 4, "temperature": -1})
+        assert r.status_code == 400  # the replica's refusal, passed through
+        for j in jobs:
+            j.result()
+
+    def settled() -> tuple[dict, dict[str, float], dict[str, float]] | None:
+        """Idle, and one consistent view: no gauge moved while `argosy status` ran (the autoscaler ticks)."""
+        before = samples(serve.url)
+        st = status(serve.url)
+        gw = samples(serve.url)
+        rep = samples(st["models"][0]["replicas"][0]["url"])
+        same = all(before.get(k) == v for k, v in gw.items() if k.startswith("argosy_fleet_") and "{" in k
+                   and not k.split("{")[0].endswith(("_total", "_bucket", "_count", "_sum")))
+        idle = st["models"][0]["in_flight"] == 0 and rep['vllm:num_requests_running{model_name="tiny"}'] == 0
+        return (st, gw, rep) if idle and same else None
+
+    deadline = time.monotonic() + 30  # the cut-off stream ends when the gateway and the replica see it gone
+    while (got := settled()) is None:
+        assert time.monotonic() < deadline, "the fleet did not go idle"
+        time.sleep(0.2)
+    st, gw, rep = got
+    m = st["models"][0]
+    assert gw['argosy_gateway_in_flight{model="tiny"}'] == m["in_flight"] == 0
+    assert gw['argosy_gateway_queue_depth{model="tiny"}'] == m["queued"] == 0
+    assert gw['argosy_fleet_held_requests{model="tiny"}'] == m["held"] == 0
+    assert gw['argosy_fleet_desired_replicas{model="tiny"}'] == m["desired"]
+    assert gw['argosy_fleet_panic_mode{model="tiny"}'] == (1 if m["panic"] else 0)
+    assert gw['argosy_fleet_unplaceable{model="tiny"}'] == (1 if m["unplaceable"] else 0)
+    assert gw['argosy_fleet_actual_replicas{model="tiny"}'] == len(ready(m)) == 1
+    for state in ("starting", "warming", "ready", "draining"):
+        for pooled in (False, True):
+            n = sum(1 for r in m["replicas"] if r["state"] == state and r["pooled"] == pooled)
+            key = f'argosy_fleet_replicas{{model="tiny",pooled="{str(pooled).lower()}",state="{state}"}}'
+            assert gw[key] == n, key
+    for r in m["replicas"]:
+        assert gw[f'argosy_gateway_upstream_in_flight{{upstream="{r["url"]}"}}'] == r["in_flight"] == 0
+        assert gw[f'argosy_gateway_upstream_healthy{{upstream="{r["url"]}"}}'] == 1
+    for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"):
+        assert rep[f'{name}{{model_name="tiny"}}'] == 0, name
+
+
+def status(url: str) -> dict:
+    """`argosy status --json`, the command a person runs."""
+    out = subprocess.run([sys.executable, "-m", "argosy.cli", "status", "--url", url, "--json"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def samples(url: str) -> dict[str, float]:
+    """A /metrics page as {'name{labels}': value}, labels sorted as prometheus_client writes them."""
+    text = httpx.get(url + "/metrics", timeout=10).text
+    return {s.name + "{" + ",".join(f'{k}="{v}"' for k, v in sorted(s.labels.items())) + "}": s.value
+            for fam in text_string_to_metric_families(text) for s in fam.samples}

@@ -1,11 +1,20 @@
 """The controller's Prometheus series, registered on the gateway's registry (one /metrics for both).
 
 Names follow docs/metrics.md: `argosy_fleet_*`, base units in the name, counters exposed with `_total`.
+Gauges of state (replicas by state, ready, unplaceable, held) are read from the controller when
+scraped, so they never lag it; the autoscaler's outputs (desired, panic, observed) are set per decision.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+if TYPE_CHECKING:
+    from argosy.fleet.model_controller import ModelController
+
+STATES = ("starting", "warming", "ready", "draining")  # argosy_fleet_replicas' `state` label
 
 COLD = (0.5, 1, 2, 5, 10, 15, 20, 30, 45, 60, 90, 120, 180, 300)
 
@@ -32,6 +41,16 @@ class FleetMetrics:
                                  ["model"], registry=r)
         self.held = Gauge("argosy_fleet_held_requests", "Requests held while a replica starts", ["model"],
                           registry=r)
+
+    def watch(self, mc: ModelController) -> None:
+        """Read one model controller's state into the state gauges at each scrape."""
+        for state in STATES:
+            for pooled in (True, False):
+                self.replicas.labels(mc.name, state, str(pooled).lower()).set_function(
+                    lambda s=state, p=pooled: mc.count(s, p))
+        self.actual.labels(mc.name).set_function(lambda: len(mc.ready_routed()))
+        self.unplaceable.labels(mc.name).set_function(lambda: 1 if mc.unplaceable else 0)
+        self.held.labels(mc.name).set_function(lambda: mc.held)
 
 
 def reason_kind(reason: str) -> str:

@@ -59,6 +59,7 @@ class ModelController:
         self.last_obs_t = clock()
         self.task: asyncio.Task | None = None
         routes.set_activator(self.activate)
+        metrics.watch(self)
 
     # ------------------------------------------------------------------ loop
 
@@ -91,7 +92,6 @@ class ModelController:
         d = self.scaler.decide(len(ready), len(active))
         self.record(d)
         self.reconcile(d.desired)
-        self.export()
 
     def observe(self, ready: list[Replica], gauges: dict[str, ReplicaGauges] | None = None) -> Observation:
         """What the autoscaler sees: the gateway's admission load, the finished-request rate and, when
@@ -123,17 +123,9 @@ class ModelController:
             self.decisions.append(entry)
             log.info(json.dumps(entry))
 
-    def export(self) -> None:
-        counts: dict[tuple[str, str], int] = {}
-        for r in self.replicas.values():
-            k = (r.state, "true" if r.pooled else "false")
-            counts[k] = counts.get(k, 0) + 1
-        for state in (STARTING, WARMING, READY, DRAINING):
-            for pooled in ("true", "false"):
-                self.m.replicas.labels(self.name, state, pooled).set(counts.get((state, pooled), 0))
-        self.m.actual.labels(self.name).set(len(self.ready_routed()))
-        self.m.unplaceable.labels(self.name).set(1 if self.unplaceable else 0)
-        self.m.held.labels(self.name).set(self.held)
+    def count(self, state: str, pooled: bool) -> int:
+        """Replicas in one state, in the warm pool or not (argosy_fleet_replicas, read when scraped)."""
+        return sum(1 for r in list(self.replicas.values()) if r.state == state and r.pooled == pooled)
 
     # ------------------------------------------------------------------ reconcile
 
@@ -288,7 +280,6 @@ class ModelController:
         if self.ready_routed() and not starting:
             return  # replicas exist but are ejected: the proxy answers (503) as before
         self.held += 1
-        self.m.held.labels(self.name).set(self.held)
         self.poke()
         deadline = self.clock() + self.a.cold_start_timeout_s
         try:
@@ -302,7 +293,6 @@ class ModelController:
                     await asyncio.wait_for(self.routed.wait(), min(left, 1.0))
         finally:
             self.held -= 1
-            self.m.held.labels(self.name).set(self.held)
 
     def status(self) -> dict:
         load = self.routes.admission_load()

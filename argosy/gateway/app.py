@@ -64,6 +64,8 @@ class Gateway:
         self.models = {m.name: ModelRuntime(m, self.reg, self.index, self._on_insert, lambda: self.session)
                        for m in fleet.models}
         self.shadower = Shadower(lambda: self.session, self.m)
+        self.m.watch(lambda: ((name, rt.admission_load()) for name, rt in self.models.items()),
+                     lambda: self.reg.by_url.values())
         self.log_content = gw.log_content
         self.tracing = make_tracing("argosy-gateway", gw.otlp_endpoint)  # None (no per-request work) unless set
         self.fleet_view: FleetView | None = None  # the controller, under `argosy serve`
@@ -211,7 +213,6 @@ class Gateway:
             prio = PRIORITY["batch"]  # a caller may lower its own priority, never raise it
         span = rq.trace.child("gateway.admission", {"argosy.priority": prio}) if rq.trace else None
         try:
-            self.m.queue_depth.labels(rt.name).set(rt.admission.waiting + 1)
             waited = await rt.admission.acquire(prio)
         except GatewayError as e:
             self.m.rejections.labels(rt.name, e.code, key_class(key)).inc()
@@ -219,12 +220,10 @@ class Gateway:
                 await self.limiter.adjust(key.name, key.tpm, min(req.estimate, key.tpm))  # not served: refund
             raise
         finally:
-            self.m.queue_depth.labels(rt.name).set(rt.admission.waiting)
             if span is not None:
                 span.end()
         try:
             self.m.queue_wait.labels(rt.name).observe(waited)
-            self.m.in_flight.labels(rt.name).set(rt.admission.in_flight)
             yield
         finally:
             rt.admission.release()

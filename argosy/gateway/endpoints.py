@@ -23,9 +23,6 @@ async def list_models(gw: Gateway, scope: Scope, receive: Receive, send: Send) -
 
 
 async def metrics(gw: Gateway, scope: Scope, receive: Receive, send: Send) -> None:
-    for u in gw.reg.by_url.values():
-        gw.m.healthy.labels(u.url).set(1 if u.state == "closed" else 0)
-        gw.m.upstream_in_flight.labels(u.url).set(u.in_flight)
     await respond(send, 200, gw.m.render(), PROMETHEUS_TEXT)
 
 

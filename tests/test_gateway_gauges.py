@@ -1,0 +1,107 @@
+"""The gateway's gauges describe the state they name (issue 15, item 7): requests driven through a real
+gateway (streamed and not, answered, refused, failed upstream, cut off by the client), then /metrics read
+while some are in flight and after all have ended, against /admin/upstreams and the upstreams' own count.
+(`argosy serve` with a real replica, the controller's series and `argosy status`: test_observe_fleet.py.)"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import time
+
+import httpx
+import pytest
+
+from tests.gateway_fixtures import start_gateway, start_upstream
+from tests.server_fixtures import parse_metrics
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def gauges(gw) -> dict[str, float]:
+    return parse_metrics(httpx.get(gw.url + "/metrics", timeout=10).text)
+
+
+def metric(samples: dict[str, float], name: str, **labels: str) -> float:
+    """The one sample of `name` with exactly these labels; a missing series fails (it is not a 0)."""
+    key = name + "{" + ",".join(f'{k}="{v}"' for k, v in sorted(labels.items())) + "}"
+    assert key in samples, f"{key} is not exported"
+    return samples[key]
+
+
+def upstream_states(gw) -> dict[str, dict]:
+    models = httpx.get(gw.url + "/admin/upstreams", timeout=10).json()["models"]
+    return {u["url"]: u for revs in models.values() for ups in revs.values() for u in ups}
+
+
+def wait_for(what: str, cond, timeout: float = 30.0):
+    deadline = time.monotonic() + timeout
+    while not (got := cond()):
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+    return got
+
+
+def test_every_gateway_gauge_matches_its_state_during_and_after_traffic():
+    slow, flaky = start_upstream("slow", token_delay=0.05, tokens=40), start_upstream("flaky")
+    gw = None
+    try:
+        gw = start_gateway({"gateway": {"health_interval_s": 0.2, "eject_after_failures": 100}, "models": [
+            {"name": "chat", "upstreams": [slow.url], "admission": {"max_in_flight": 3, "max_queue": 2,
+                                                                     "queue_timeout_s": 30}},
+            {"name": "other", "upstreams": [flaky.url], "admission": {"max_in_flight": 4}}]})
+
+        def complete(model: str, stream: bool, max_tokens: int = 40) -> int:
+            body = {"model": model, "prompt": "hello", "max_tokens": max_tokens, "stream": stream}
+            with httpx.stream("POST", gw.url + "/v1/completions", json=body, timeout=60) as r:
+                r.read()
+                return r.status_code
+
+        def cut_off() -> None:  # a client that reads one chunk of its stream, then hangs up
+            body = {"model": "chat", "prompt": "hello", "max_tokens": 40, "stream": True}
+            with httpx.stream("POST", gw.url + "/v1/completions", json=body, timeout=60) as r:
+                next(r.iter_raw())
+
+        with cf.ThreadPoolExecutor(12) as ex:
+            streams = [ex.submit(complete, "chat", True) for _ in range(3)]
+            # While three 2-second streams hold every slot of "chat": what the gauges say is what is so.
+            wait_for("three streams on the slow upstream", lambda: slow.stats()["in_flight"] == 3)
+            queued = [ex.submit(complete, "chat", False) for _ in range(2)]
+            wait_for("two queued", lambda: metric(gauges(gw), "argosy_gateway_queue_depth", model="chat") == 2)
+            g = gauges(gw)
+            assert metric(g, "argosy_gateway_in_flight", model="chat") == 3
+            assert metric(g, "argosy_gateway_upstream_in_flight", upstream=slow.url) == 3
+            assert upstream_states(gw)[slow.url]["in_flight"] == 3
+            full = complete("chat", False)  # the queue (max_queue 2) is full: refused at once
+            assert full == 503
+            flaky.control(fail_status=500, fail_count=2)
+            failed = [ex.submit(complete, "other", s, 4) for s in (True, False)]
+            bad = httpx.post(gw.url + "/v1/completions", content=b"{not json", timeout=10)
+            assert bad.status_code == 400
+            codes = [f.result() for f in streams + queued] + sorted(f.result() for f in failed)
+            assert codes == [200] * 5 + [503, 503], codes
+            cut = [ex.submit(cut_off) for _ in range(2)]
+            for f in cut:
+                f.result()
+            answered = [ex.submit(complete, "other", s, 4) for s in (True, False)]
+            assert [f.result() for f in answered] == [200, 200]
+
+        # All of it has ended (the cut-off streams once the gateway sees the client gone): every gauge is 0.
+        wait_for("the upstreams to be idle", lambda: slow.stats()["in_flight"] == 0 == flaky.stats()["in_flight"])
+        def settled() -> dict[str, float] | None:  # the gateway notices a cut-off client at its next chunk
+            now = gauges(gw)
+            return now if all(now.get(f'argosy_gateway_in_flight{{model="{m}"}}') == 0 for m in ("chat", "other")) \
+                else None
+
+        g = wait_for("in flight back to 0", settled, 10)
+        for model in ("chat", "other"):
+            assert metric(g, "argosy_gateway_in_flight", model=model) == 0, model
+            assert metric(g, "argosy_gateway_queue_depth", model=model) == 0, model
+        states = upstream_states(gw)
+        for url in (slow.url, flaky.url):
+            assert metric(g, "argosy_gateway_upstream_in_flight", upstream=url) == 0 == states[url]["in_flight"]
+            assert metric(g, "argosy_gateway_upstream_healthy", upstream=url) == (states[url]["state"] == "closed")
+    finally:
+        if gw:
+            gw.stop()
+        slow.stop()
+        flaky.stop()
