@@ -1,189 +1,151 @@
-"""Fails (exit 1) when modules of the `argosy` package import each other in a circle.
+"""Fails on an import cycle among a package's modules, reading only their source (ast).
 
-    python scripts/check_import_cycles.py                 every import (CI)
-    python scripts/check_import_cycles.py --import-time   only the imports that run at import time
+    python scripts/check_import_cycles.py [--root PACKAGE_DIR] [--lazy] [MODULE_PREFIX ...]
+        e.g. argosy.engine (default: every cycle in the package; the package: argosy beside this script)
 
-An import runs at import time at the top level, in a class body, or in a top-level `if`/`try`/`with`;
-one inside a function is lazy. Lazy imports are fine (to defer a heavy dependency, say) unless they
-close a circle: a lazy import that dodges an import-time error is still a circle between the two
-modules (each needs the other), and the ones issue 23 names were all of that kind. So CI counts both,
-and the report marks each step `->` (import time) or `~>` (inside a function).
-`if TYPE_CHECKING:` blocks never run and are skipped. `from a.b import c` depends on the module
-a.b.c when c is one, else on a.b (its __init__); a package's parents are not counted.
+Counted: imports that run when a module is imported (module level, including under `if` / `try`, but
+not under `if TYPE_CHECKING:`). Imports inside functions run later and are how a module reaches
+upward on purpose, so they are not counted. `from pkg import name` counts as importing pkg.name when
+that is a module, else pkg. With --lazy the imports inside functions count too (a cycle there does
+not fail an import, but still ties two layers together). Prints each cycle found (as a chain of
+modules) and exits 1, else exits 0.
 """
 
 from __future__ import annotations
 
-import argparse
 import ast
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-
 
 def module_name(path: Path, root: Path) -> str:
-    parts = list(path.relative_to(root).with_suffix("").parts)
+    parts = list(path.relative_to(root.parent).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts.pop()
     return ".".join(parts)
 
 
-def modules(package: Path) -> dict[str, Path]:
-    return {module_name(p, package.parent): p for p in sorted(package.rglob("*.py"))}
+def _resolve(node: ast.ImportFrom, current: str, is_package: bool) -> str:
+    if not node.level:
+        return node.module or ""
+    base = current.split(".")
+    base = base[: len(base) - node.level + (1 if is_package else 0)]
+    return ".".join(base + ([node.module] if node.module else []))
 
 
-def _is_type_checking(test: ast.expr) -> bool:
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+def _type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or \
+        (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
-def imports(tree: ast.Module) -> list[tuple[ast.Import | ast.ImportFrom, bool]]:
-    """Every import statement with whether it is lazy (inside a function)."""
-    out: list[tuple[ast.Import | ast.ImportFrom, bool]] = []
+def _imports(tree: ast.Module, lazy: bool = False):
+    """Import nodes that run when the module is imported: at module level and inside if / try / with,
+    not in a def or class body; lazy: those too. Never those under `if TYPE_CHECKING:`."""
+    stack: list[ast.AST] = list(tree.body)
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            yield node
+        elif isinstance(node, ast.If) and _type_checking(node.test):
+            stack.extend(node.orelse)
+        elif lazy or not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef | ast.Lambda):
+            stack.extend(n for n in ast.iter_child_nodes(node) if isinstance(n, ast.stmt))
 
-    def visit(node: ast.AST, lazy: bool) -> None:
-        for child in ast.iter_child_nodes(node):
-            if isinstance(child, (ast.Import, ast.ImportFrom)):
-                out.append((child, lazy))
-            elif isinstance(child, ast.If) and _is_type_checking(child.test):
-                for stmt in child.orelse:
-                    visit(ast.Module(body=[stmt], type_ignores=[]), lazy)
-            elif isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
-                visit(child, True)
+
+def import_graph(root: Path, lazy: bool = False) -> dict[str, set[str]]:
+    files = {module_name(p, root): p for p in sorted(root.rglob("*.py"))}
+    graph: dict[str, set[str]] = {name: set() for name in files}
+    for name, path in files.items():
+        tree = ast.parse(path.read_text(), filename=str(path))
+        is_package = path.name == "__init__.py"
+        for node in _imports(tree, lazy):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
             else:
-                visit(child, lazy)
-
-    visit(tree, False)
-    return out
-
-
-def targets(node: ast.Import | ast.ImportFrom, here: str, is_package: bool, known: set[str]) -> list[str]:
-    """The package's modules one import statement depends on."""
-    if isinstance(node, ast.Import):
-        names = [a.name for a in node.names]
-    else:
-        base = node.module or ""
-        if node.level:
-            parts = here.split(".") if is_package else here.split(".")[:-1]
-            parts = parts[:len(parts) - (node.level - 1)]
-            base = ".".join([*parts, *([base] if base else [])])
-        names = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names]
-    out = []
-    for name in names:
-        while name and name not in known:  # `import argosy.x.y` where y is an attribute, or not ours
-            name = name.rpartition(".")[0]
-        if name and name != here:
-            out.append(name)
-    return out
+                base = _resolve(node, name, is_package)
+                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in files else base for a in node.names]
+            graph[name].update(t for t in targets if t in files and t != name)
+    return graph
 
 
-def graph(package: Path, lazy: bool) -> dict[str, dict[str, bool]]:
-    """module -> {imported module: whether only inside functions}; `lazy`: count those imports."""
-    mods = modules(package)
-    known = set(mods)
-    g: dict[str, dict[str, bool]] = {m: {} for m in mods}
-    for name, path in mods.items():
-        tree = ast.parse(path.read_text(), str(path))
-        for node, is_lazy in imports(tree):
-            if is_lazy and not lazy:
-                continue
-            for t in targets(node, name, path.name == "__init__.py", known):
-                g[name][t] = g[name].get(t, True) and is_lazy
-    return g
-
-
-def cycles(g: dict[str, dict[str, bool]]) -> list[list[str]]:
-    """The strongly connected components with more than one module (Tarjan), each sorted."""
+def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One cycle per strongly connected component of more than one module (Tarjan), as a chain."""
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
-    on: set[str] = set()
-    out: list[list[str]] = []
-    counter = [0]
+    on_stack: set[str] = set()
+    components: list[list[str]] = []
 
-    def strong(v: str) -> None:  # iterative: deep import chains must not hit the recursion limit
-        work = [(v, iter(g[v]))]
-        index[v] = low[v] = counter[0]
-        counter[0] += 1
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
         stack.append(v)
-        on.add(v)
-        while work:
-            node, it = work[-1]
-            for w in it:
-                if w not in index:
-                    index[w] = low[w] = counter[0]
-                    counter[0] += 1
-                    stack.append(w)
-                    on.add(w)
-                    work.append((w, iter(g[w])))
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
                     break
-                if w in on:
-                    low[node] = min(low[node], index[w])
-            else:
-                work.pop()
-                if work:
-                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
-                if low[node] == index[node]:
-                    comp = []
-                    while True:
-                        w = stack.pop()
-                        on.discard(w)
-                        comp.append(w)
-                        if w == node:
-                            break
-                    if len(comp) > 1:
-                        out.append(sorted(comp))
+            if len(component) > 1:
+                components.append(sorted(component))
 
-    for v in g:
+    sys.setrecursionlimit(max(10_000, sys.getrecursionlimit()))
+    for v in sorted(graph):
         if v not in index:
-            strong(v)
-    return sorted(out)
+            visit(v)
+    return [_chain(graph, set(c)) for c in components]
 
 
-def one_circle(g: dict[str, dict[str, bool]], comp: list[str]) -> list[str]:
-    """A shortest path from the component's first module back to itself (breadth first, inside it)."""
-    members, start = set(comp), comp[0]
-    prev: dict[str, str] = {}
+def _chain(graph: dict[str, set[str]], component: set[str]) -> list[str]:
+    """A shortest path from the component's first module back to itself, through the component."""
+    start = min(component)
+    paths = {start: [start]}
     frontier = [start]
     while frontier:
         nxt = []
         for v in frontier:
-            for w in g[v]:
-                if w not in members:
-                    continue
+            for w in sorted(graph[v] & component):
                 if w == start:
-                    path = [v]
-                    while path[-1] != start:
-                        path.append(prev[path[-1]])
-                    return [start, *reversed(path[:-1]), start]
-                if w not in prev:
-                    prev[w] = v
+                    return paths[v] + [start]
+                if w not in paths:
+                    paths[w] = paths[v] + [w]
                     nxt.append(w)
         frontier = nxt
-    return comp
+    return sorted(component)
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--import-time", action="store_true", help="ignore imports inside functions")
-    ap.add_argument("package", nargs="?", default=str(ROOT / "argosy"))
-    args = ap.parse_args(argv)
-    package = Path(args.package).resolve()
-    g = graph(package, lazy=not args.import_time)
-    found = cycles(g)
-    for comp in found:
-        circle = one_circle(g, comp)
-        steps = " ".join(f"{a} {'~>' if g[a][b] else '->'}" for a, b in zip(circle, circle[1:], strict=False))
-        print(f"import circle: {steps} {circle[-1]}")
-        if len(circle) - 1 < len(comp):
-            print(f"  (one circle among {len(comp)} modules: {', '.join(comp)})")
-    if found:
-        print(f"{len(found)} import circle(s) in {package.name}/ (-> at import time, ~> inside a function)")
+def cycles_within(root: Path, prefixes: list[str], lazy: bool = False) -> list[list[str]]:
+    """The cycles among root's modules (a package folder) that touch a module under one of prefixes."""
+    def under(name: str) -> bool:
+        return not prefixes or any(name == p or name.startswith(p + ".") for p in prefixes)
+
+    return [c for c in find_cycles(import_graph(root, lazy)) if any(under(m) for m in c)]
+
+
+def main(argv: list[str]) -> int:
+    root = Path(__file__).resolve().parent.parent / "argosy"
+    if argv[:1] == ["--root"]:
+        root, argv = Path(argv[1]).resolve(), argv[2:]
+    lazy = "--lazy" in argv
+    argv = [a for a in argv if a != "--lazy"]
+    cycles = cycles_within(root, argv, lazy)
+    for cycle in cycles:
+        print("import cycle: " + " -> ".join(cycle))
+    if cycles:
+        print(f"{len(cycles)} import cycle(s); move the shared code into a module both can import, "
+              "or import inside the function that needs it")
         return 1
-    print(f"no import circles in {package.name}/")
+    print(f"no import cycles in {', '.join(argv) or 'argosy'}")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))
