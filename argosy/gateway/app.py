@@ -140,7 +140,7 @@ class Gateway:
         if scope["type"] != "http":
             return
         try:
-            await route(scope["method"], scope["path"])(self, scope, receive, send)
+            await handler_for(scope["method"], scope["path"])(self, scope, receive, send)
         except GatewayError as e:
             await respond(send, e.status, e.body(), headers=e.headers())
 
@@ -291,7 +291,7 @@ PREFIX_ROUTES: list[tuple[str, str, Handler]] = [  # a path under a folder: the 
 ]
 
 
-def route(method: str, path: str) -> Handler:
+def handler_for(method: str, path: str) -> Handler:
     """The handler for a request; a 404 for an unknown path, a 405 for a known path and another method."""
     handler = ROUTES.get((method, path))
     if handler is not None:
