@@ -9,43 +9,15 @@ from pathlib import Path
 BUILTIN_MODEL = Path(__file__).parent / "models" / "builtin"
 
 
-def _add_engine_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
-    p.add_argument("--device", default="auto", help="auto (cuda where present, else cpu), cpu, cuda, cuda:1 ...")
-    p.add_argument("--kv-cache-memory", type=float, default=None, metavar="GIB", help="KV cache size in GiB")
-    p.add_argument("--max-num-seqs", type=int, default=256)
-    p.add_argument("--max-num-batched-tokens", type=int, default=None)
-    p.add_argument("--max-model-len", type=int, default=None)
-    p.add_argument("--block-size", type=int, default=16)
-    p.add_argument("--no-prefix-caching", action="store_true")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
-    p.add_argument("--pipeline-parallel-size", "-pp", type=int, default=1)
-    p.add_argument("--compile-matvec", action="store_true",
-                   help="CPU: one-token steps through a compiled matrix-vector product (~2x single stream; "
-                        "compiles at start)")
-
-
-def engine_config_from_args(args: argparse.Namespace, model: str):
-    from argosy.engine.config import EngineConfig
-
-    return EngineConfig(model=model, dtype=args.dtype, device=args.device, kv_cache_memory_gib=args.kv_cache_memory,
-                        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-                        max_model_len=args.max_model_len, block_size=args.block_size,
-                        enable_prefix_caching=not args.no_prefix_caching, seed=args.seed,
-                        tensor_parallel_size=args.tensor_parallel_size,
-                        pipeline_parallel_size=args.pipeline_parallel_size, compile_matvec=args.compile_matvec,
-                        usage="offline")
-
-
 def cmd_generate(args: argparse.Namespace) -> int:
+    from argosy.engine.config_flags import engine_config_from_args
     from argosy.engine.sampling_params import SamplingParams
 
     try:  # a bad model folder, flag or prompt: one line, no traceback
         # Flags first: a bad one is reported before the model loads.
         params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
                                 top_k=args.top_k, seed=args.seed_sampling, stop=args.stop or None)
-        config = engine_config_from_args(args, args.model or str(BUILTIN_MODEL))
+        config = engine_config_from_args(args, model=args.model or str(BUILTIN_MODEL), usage="offline")
         from argosy.engine.llm_engine import LLMEngine
 
         engine = LLMEngine(config)
@@ -96,7 +68,9 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--seed-sampling", type=int, default=None, help="seed for sampling (default: random)")
     g.add_argument("--stop", action="append", help="stop string (repeatable)")
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
-    _add_engine_flags(g)
+    from argosy.engine.config_flags import add_engine_flags
+
+    add_engine_flags(g.add_argument_group("engine settings (the fields of EngineConfig)"))
     g.set_defaults(func=cmd_generate)
 
     m = sub.add_parser("make-test-model", help="write a small random-weight Llama-family checkpoint")

@@ -7,10 +7,22 @@ are errors that name the field, so a typo never silently falls back to a default
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    create_model,
+    field_validator,
+    model_validator,
+)
+
+from argosy.engine.config import EngineConfig
+from argosy.engine.settings import settings_of
 
 
 class _Strict(BaseModel):
@@ -68,15 +80,22 @@ class NodeConfig(_Strict):
     resources: dict[str, float] = {}  # custom resources the node offers (ray: as the cluster reports them)
 
 
-class EngineSection(_Strict):
-    dtype: str = "auto"
-    max_num_seqs: int = Field(256, ge=1)
-    max_num_batched_tokens: int = Field(8192, ge=1)
-    kv_cache_memory_gib: float | None = Field(None, gt=0)
-    tensor_parallel_size: int = Field(1, ge=1)
-    pipeline_parallel_size: int = Field(1, ge=1)
-    device: str = "auto"  # fleet replicas: auto, cpu, cuda (a GPU the placer chose)
-    max_model_len: int | None = Field(None, ge=1)
+def _engine_section() -> type[BaseModel]:
+    """The `engine:` section, generated from EngineConfig's fields (argosy/engine/config.py): the same
+    names, defaults and range checks as `argosy engine`'s flags, and the same message for a bad value.
+    Replicas get only the fields the file sets (`model_fields_set`; see fleet/engine_args.py): the rest
+    are the engine's own defaults for its device."""
+    fields: dict[str, Any] = {}
+    for name, declared in settings_of(EngineConfig).items():
+        if not declared.setting.fleet:
+            continue
+        hint = (declared.kind | None) if declared.nullable else declared.kind
+        fields[name] = (Annotated[hint, AfterValidator(declared.check)],
+                        Field(declared.field.default, description=declared.setting.help))
+    return create_model("EngineSection", __base__=_Strict, **fields)
+
+
+EngineSection = _engine_section()
 
 
 class RoutingConfig(_Strict):

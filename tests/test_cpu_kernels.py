@@ -65,12 +65,12 @@ def test_the_engine_uses_the_kernel_by_default_with_the_outputs_of_gather_and_sd
     prompts = [list(range(3, 3 + n)) for n in (5, 20, 33, 64, 90)]
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, logprobs=1)
     fast = LLM(tiny_llama, kv_cache_memory_gib=0.02)
-    assert fast.engine.runner.decode_kernel
+    assert fast.engine.runner.attention.name == "cpu_kernel"
     seen = []
     prepare = fast.engine.runner.prepare
     fast.engine.runner.prepare = lambda scheduled: seen.append(prepare(scheduled)) or seen[-1]
     plain = LLM(tiny_llama, kv_cache_memory_gib=0.02)
-    plain.engine.runner.decode_kernel = False
+    plain.engine.runner.use_attention("sdpa")
     a = fast.generate(prompts, params, use_tqdm=False)
     b = plain.generate(prompts, params, use_tqdm=False)
     groups = [g for batch in seen for g in batch.meta.decode_groups]
@@ -87,7 +87,7 @@ def test_without_the_kernel_the_engine_logs_it_and_uses_gather_and_sdpa(tiny_lla
     try:
         with caplog.at_level(logging.WARNING, logger="argosy.engine.cpu_kernels"):
             llm = LLM(tiny_llama, kv_cache_memory_gib=0.02)
-        assert not llm.engine.runner.decode_kernel
+        assert llm.engine.runner.attention.name == "sdpa"
         assert llm.engine.runner.model.lm_head.forward.args[1:] == (True, False)  # oneDNN, no C matvec
         if "CC" in env:
             assert "CPU kernels unavailable" in caplog.text

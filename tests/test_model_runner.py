@@ -28,7 +28,10 @@ def test_a_budget_below_two_blocks_is_a_clear_error(tiny_llama):
 
 
 def test_decodes_are_grouped_by_length_with_bounded_padding(runner, monkeypatch):
-    monkeypatch.setattr(runner, "decode_kernel", False)  # the grouping is for gather + SDPA
+    from argosy.engine.attention import create_backend
+
+    # The grouping is for gather + SDPA (the batch layout asks runner.attention for it).
+    monkeypatch.setattr(runner, "attention", create_backend(runner.attention.ctx, "sdpa"))
     bs = runner.block_size
     lengths = [3, 700, 40, 41, 300, 5, 650, 17, 18, 16 * 9]
     seqs, next_block = [], 0
@@ -89,11 +92,10 @@ def test_decode_groups_stay_within_the_copy_budget_and_outputs_do_not_change(tin
     prompts = [list(range(3, 3 + n)) for n in (20, 33, 47, 50, 64, 70, 90, 130)]
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=1)
     whole = LLM(tiny_llama, kv_cache_memory_gib=0.02)
-    whole.engine.runner.decode_group_blocks = 1 << 30
+    whole.engine.runner.use_attention("sdpa").max_group_blocks = 1 << 30  # the groups are for gather + SDPA
     split = LLM(tiny_llama, kv_cache_memory_gib=0.02)
     runner = split.engine.runner
-    whole.engine.runner.decode_kernel = runner.decode_kernel = False  # the groups are for gather + SDPA
-    runner.decode_group_blocks = 12  # a few sequences a group
+    runner.use_attention("sdpa").max_group_blocks = 12  # a few sequences a group
     seen = []
     prepare = runner.prepare
 
@@ -159,7 +161,8 @@ def test_cpu_weights_sit_in_huge_pages_where_the_kernel_offers_them(tiny_llama):
     code = """
 import sys, torch
 from argosy.engine.cpu_memory import weights_in_huge_pages
-from argosy.engine.model_runner import LlamaForCausalLM, load_model_config
+from argosy.engine.checkpoint import load_model_config
+from argosy.engine.models.llama import LlamaForCausalLM
 def huge_kib():
     with open("/proc/self/smaps_rollup") as f:
         return int(f.read().split("AnonHugePages:")[1].split()[0])

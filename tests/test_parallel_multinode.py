@@ -69,7 +69,7 @@ def test_torchrun_two_stages_match_one_process(llama, tmp_path):
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"prompt_token_ids": p}) + "\n" for p in prompts_for()))
     # Rank 0 is the driver and writes the outputs; rank 1 runs the second stage and exits when it is done.
-    cmd = [f"{BIN}/torchrun", "--standalone", "--nproc-per-node=2", "-m", "argosy.engine.parallel.generate",
+    cmd = [f"{BIN}/torchrun", "--standalone", "--nproc-per-node=2", "-m", "argosy.engine.torchrun_generate",
            "--model", path, "--pipeline-parallel-size", "2", "--prompts", str(prompts), "--max-tokens",
            str(NEW_TOKENS), "--ignore-eos", "--kv-cache-memory", str(KV_GIB), "--max-num-batched-tokens", "16"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=100)

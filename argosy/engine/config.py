@@ -1,58 +1,78 @@
-"""The engine's settings: one frozen dataclass, filled from `LLM(...)` keywords or CLI flags."""
+"""The engine's settings: one frozen dataclass, filled from `LLM(...)` keywords, CLI flags or a fleet file.
+
+This is the one place where each setting has its default, its help text and its allowed range (see
+settings.py): `argosy engine` / `argosy generate` flags and the fleet file's `engine:` section are
+generated from these fields. No torch here: the gateway and the fleet controller import it.
+"""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
+from argosy.engine.settings import setting, settings_of
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+if TYPE_CHECKING:
+    import torch
+
+DTYPE_NAMES = ("float32", "bfloat16", "float16")
+# The C decode kernel keeps one block's scores per query head on its thread's stack (csrc/paged_attention.c),
+# and gather + SDPA copies whole blocks: a power of two up to this is what both are tested with.
+MAX_BLOCK_SIZE = 256
+CPU_DEFAULT_KV_GIB = 2.0  # the CPU's KV cache without kv_cache_memory_gib: this, or a quarter of free RAM if less
+DEVICE_PATTERN = (r"auto|cpu|cuda(:\d+)?", "auto, cpu, cuda or cuda:N")
 
 
 @dataclass(frozen=True)
 class EngineConfig:
-    model: str
-    dtype: str = "auto"  # auto follows the checkpoint, except float32 on the CPU
-    device: str = "auto"  # auto: cuda where present, else cpu
-    block_size: int = 16
-    kv_cache_memory_gib: float | None = None  # None: a fraction of free device memory (CPU: 2 GiB)
-    gpu_memory_utilization: float = 0.9
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int | None = None  # None: 2048 on CUDA; on the CPU 512, or 2048 offline
-    max_model_len: int | None = None  # None: the checkpoint's max_position_embeddings
-    enable_prefix_caching: bool = True
-    scheduling_policy: str = "fcfs"  # fcfs | priority
-    seed: int = 0
-    tensor_parallel_size: int = 1
-    pipeline_parallel_size: int = 1
+    model: str = setting(help="checkpoint folder", flag=None, fleet=False)  # flags: each command's own default
+    dtype: str = setting("auto", "weights and activations: auto follows the checkpoint (float32 on the CPU)",
+                         choices=("auto", *DTYPE_NAMES))
+    device: str = setting("auto", "auto (cuda where present, else cpu), cpu, cuda or cuda:N", pattern=DEVICE_PATTERN)
+    block_size: int = setting(16, "tokens per KV block", power_of_two=True, at_most=MAX_BLOCK_SIZE)
+    kv_cache_memory_gib: float | None = setting(
+        None, f"KV cache size in GiB, per rank (default: on CUDA what gpu_memory_utilization leaves; on the CPU "
+        f"{CPU_DEFAULT_KV_GIB:g} GiB, or a quarter of the available RAM if less)",
+        flag="--kv-cache-memory", metavar="GIB", above=0)
+    gpu_memory_utilization: float = setting(
+        0.9, "CUDA, without --kv-cache-memory: the share of the GPU's memory the engine fills (weights and KV "
+        "cache together)", above=0, at_most=1)
+    max_num_seqs: int = setting(256, "most sequences in one batch", at_least=1)
+    max_num_batched_tokens: int | None = setting(
+        None, "token budget of one step (default: 2048 on CUDA; on the CPU 512 for a server, 2048 offline)",
+        at_least=1)
+    max_model_len: int | None = setting(None, "context length in tokens (default: the model's)", at_least=1)
+    enable_prefix_caching: bool = setting(True, "automatic prefix caching (--no-prefix-caching turns it off)",
+                                         flag="--no-prefix-caching")
+    scheduling_policy: str = setting("fcfs", "fcfs, or priority (a request's priority first, then arrival)",
+                                     choices=("fcfs", "priority"))
+    seed: int = setting(0, "seed of requests that set none")
+    tensor_parallel_size: int = setting(1, "GPUs (or CPU ranks) per pipeline stage", short="-tp", at_least=1)
+    pipeline_parallel_size: int = setting(1, "pipeline stages", short="-pp", at_least=1)
     # How the other ranks start: mp (spawned here), ray (actors in a placement group), torchrun (the
     # processes torchrun started). None: torchrun when run under it, else mp. See docs/parallel.md.
-    distributed_executor_backend: str | None = None
-    max_logprobs: int = 20
+    distributed_executor_backend: str | None = setting(
+        None, "how the other ranks start: mp (local processes), ray (a placement group on the Ray cluster), "
+        "torchrun (default: torchrun when started by it, else mp)", choices=("mp", "ray", "torchrun"))
+    max_logprobs: int = setting(20, "most logprobs a request may ask for", at_least=0)
     # offline (the LLM class: throughput first) or server (a replica: latency between tokens first).
-    usage: str = "server"
+    usage: str = setting("server", "offline or server", flag=None, fleet=False, choices=("offline", "server"))
     # CPU: one-token steps through a torch.compile'd matrix-vector product (argosy/engine/matvec.py);
     # about 2x on a single stream, at the price of a compile when the engine starts.
-    compile_matvec: bool = False
+    compile_matvec: bool = setting(False, "CPU: one-token steps through a compiled matrix-vector product (~2x "
+                                          "single stream; compiles at start)")
 
     def __post_init__(self) -> None:
-        if self.dtype != "auto" and self.dtype not in DTYPES:
-            raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
-        if self.block_size < 1 or self.block_size & (self.block_size - 1):
-            raise ValueError(f"block_size must be a power of two, got {self.block_size}")
-        if self.scheduling_policy not in ("fcfs", "priority"):
-            raise ValueError(f"scheduling_policy must be fcfs or priority, got {self.scheduling_policy!r}")
-        if self.max_num_seqs < 1:
-            raise ValueError(f"max_num_seqs must be at least 1, got {self.max_num_seqs}")
-        if self.tensor_parallel_size < 1 or self.pipeline_parallel_size < 1:
-            raise ValueError("tensor_parallel_size and pipeline_parallel_size must be at least 1")
-        if self.usage not in ("offline", "server"):
-            raise ValueError(f"usage must be offline or server, got {self.usage!r}")
-        if self.distributed_executor_backend not in (None, "mp", "ray", "torchrun"):
-            raise ValueError("distributed_executor_backend must be mp, ray or torchrun, "
-                             f"got {self.distributed_executor_backend!r}")
+        if isinstance(self.model, os.PathLike):
+            object.__setattr__(self, "model", os.fspath(self.model))
+        for name, declared in settings_of(EngineConfig).items():
+            # Stored as checked: an int given for a float becomes the float.
+            object.__setattr__(self, name, declared.check(getattr(self, name)))
 
     def resolved_device(self) -> torch.device:
+        import torch
+
         if self.device == "auto":
             return torch.device("cuda" if torch.cuda.is_available() else "cpu")
         return torch.device(self.device)
@@ -60,9 +80,14 @@ class EngineConfig:
     def token_budget(self, device: torch.device) -> int:
         if self.max_num_batched_tokens is not None:
             return self.max_num_batched_tokens
-        if device.type == "cuda":
-            return 2048
-        # A server's decodes wait for the prefill chunk that shares their step, so it takes small chunks.
-        # Offline, bigger steps win: fewer of them, with more decodes each (2048 gave 1.2x the output
-        # tok/s of 512 and of 4096 in bench/engine_throughput.py; vLLM's CPU default there is 4096).
-        return 2048 if self.usage == "offline" else 512
+        return default_token_budget(device.type, self.usage)
+
+
+def default_token_budget(device_type: str, usage: str = "server") -> int:
+    """max_num_batched_tokens when unset: what `argosy engine` (usage server) or `LLM` (offline) picks."""
+    if device_type != "cpu":
+        return 2048
+    # A server's decodes wait for the prefill chunk that shares their step, so it takes small chunks.
+    # Offline, bigger steps win: fewer of them, with more decodes each (2048 gave 1.2x the output
+    # tok/s of 512 and of 4096 in bench/engine_throughput.py; vLLM's CPU default there is 4096).
+    return 2048 if usage == "offline" else 512

@@ -30,7 +30,17 @@ class LLM:
         unknown = set(kwargs) - known
         if unknown:
             raise TypeError(f"unknown LLM arguments: {', '.join(sorted(unknown))}")
-        self.engine = LLMEngine(EngineConfig(model=model, **kwargs))
+        self._start(EngineConfig(model=model, **kwargs))
+
+    @classmethod
+    def from_config(cls, config: EngineConfig) -> LLM:
+        """An LLM over a whole EngineConfig (built from flags, say), taken as it is."""
+        llm = cls.__new__(cls)
+        llm._start(config)
+        return llm
+
+    def _start(self, config: EngineConfig) -> None:
+        self.engine = LLMEngine(config)
         self._ids = itertools.count()
 
     def close(self) -> None:

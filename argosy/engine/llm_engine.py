@@ -8,28 +8,29 @@ from pathlib import Path
 
 import torch
 
-from argosy.engine.checkpoint import load_model_config
+from argosy.engine.batch import BatchInputs
 from argosy.engine.config import EngineConfig
 from argosy.engine.detokenizer import IncrementalDetokenizer
 from argosy.engine.errors import InvalidRequestError
 from argosy.engine.kv_cache_manager import KVCacheManager
-from argosy.engine.model_runner import BatchInputs, ModelRunner
+from argosy.engine.loader import open_checkpoint
+from argosy.engine.model_runner import ModelRunner, Runner
 from argosy.engine.outputs import CompletionOutput, RequestOutput
 from argosy.engine.sampler import Sampler
 from argosy.engine.sampling_params import SamplingParams
 from argosy.engine.scheduler import Scheduler, SchedulerOutput
 from argosy.engine.sequence import Sequence, SequenceStatus
-from argosy.engine.tokenizer import Tokenizer
 
 
 class LLMEngine:
     def __init__(self, config: EngineConfig, served_model_name: str | None = None):
         self.config = config
         self.model_name = served_model_name or Path(config.model).name
-        load_model_config(config.model)  # a missing folder or config.json is named before the tokenizer is read
-        self.tokenizer = Tokenizer.from_pretrained(config.model)
+        checkpoint = open_checkpoint(config.model)  # a missing folder or config.json is named first
+        self.tokenizer = checkpoint.tokenizer()
+        self.runner: Runner
         if config.tensor_parallel_size * config.pipeline_parallel_size == 1:
-            self.runner = ModelRunner(config)
+            self.runner = ModelRunner(config, checkpoint)
         else:  # the same interface; other processes run the other shards
             from argosy.engine.parallel.executor import ParallelExecutor
 
@@ -46,7 +47,7 @@ class LLMEngine:
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, budget, config.scheduling_policy)
         self.sampler = Sampler(self.vocab_size, self.eos_token_ids, seed=config.seed)
         # Pipeline parallel: micro-batches in flight at once, (scheduled, batch, handle, start) oldest first.
-        self.pipeline_depth: int = getattr(self.runner, "pipeline_depth", 1)
+        self.pipeline_depth = self.runner.pipeline_depth
         self._in_flight: deque[tuple[SchedulerOutput, BatchInputs, object, float]] = deque()
         self.requests: dict[str, list[Sequence]] = {}
         self.prompts: dict[str, str | None] = {}
@@ -232,14 +233,12 @@ class LLMEngine:
 
     def close(self) -> None:
         """Stops the worker processes of a parallel engine (a no-op for one process)."""
-        close = getattr(self.runner, "close", None)
-        if close is not None:
-            while self._in_flight:  # micro-batches of aborted requests: let the ranks finish them first
-                try:
-                    self.runner.collect(self._in_flight.popleft()[2])
-                except RuntimeError:  # the engine already failed
-                    self._in_flight.clear()
-            close()
+        while self._in_flight:  # micro-batches of aborted requests: let the ranks finish them first
+            try:
+                self.runner.collect(self._in_flight.popleft()[2])
+            except RuntimeError:  # the engine already failed
+                self._in_flight.clear()
+        self.runner.close()
 
     def stats(self) -> dict:
         return {

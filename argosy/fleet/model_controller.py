@@ -13,6 +13,7 @@ import aiohttp
 
 from argosy.config import ModelConfig
 from argosy.fleet.autoscaler import Autoscaler, Decision, Observation
+from argosy.fleet.engine_args import engine_args
 from argosy.fleet.metrics import FleetMetrics, reason_kind
 from argosy.fleet.placement import Need, Placer, Unplaceable
 from argosy.fleet.replica import DRAINING, FAILED, LIVE, READY, STARTING, STOPPED, WARMING, Replica, ReplicaSpec
@@ -22,20 +23,6 @@ from argosy.gateway.scraper import ReplicaGauges
 
 log = logging.getLogger("argosy.fleet")
 MAX_BACKOFF_S = 30.0
-
-
-def engine_args(cfg: ModelConfig, on_gpu: bool) -> list[str]:
-    e = cfg.engine
-    a = ["--dtype", e.dtype, "--max-num-seqs", str(e.max_num_seqs), "--max-num-batched-tokens",
-         str(e.max_num_batched_tokens), "--device", "cuda" if on_gpu and e.device == "auto" else e.device]
-    if e.kv_cache_memory_gib is not None:
-        a += ["--kv-cache-memory", str(e.kv_cache_memory_gib)]
-    if e.max_model_len is not None:
-        a += ["--max-model-len", str(e.max_model_len)]
-    if e.tensor_parallel_size > 1 or e.pipeline_parallel_size > 1:
-        a += ["--tensor-parallel-size", str(e.tensor_parallel_size),
-              "--pipeline-parallel-size", str(e.pipeline_parallel_size)]
-    return a
 
 
 class ModelController:

@@ -18,12 +18,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from argosy.config import EngineSection, NodeConfig
+from argosy.engine.config import CPU_DEFAULT_KV_GIB  # the engine's own KV budget on the CPU
 
 GIB = 1024 ** 3
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 GPU_OVERHEAD_GIB = 1.0  # CUDA context, activations, allocator slack
 CPU_OVERHEAD_GIB = 0.5  # the Python process, torch, activations
-CPU_KV_DEFAULT_GIB = 2.0  # the engine's own default KV budget on the CPU
 GPU_KV_SHARE = 0.9  # with no kv_cache_memory_gib the engine takes 90% of what is free: the whole GPU
 
 
@@ -104,7 +104,7 @@ def replica_need(checkpoint: str | Path, engine: EngineSection, on_gpu: bool) ->
     weights_gib = parameter_count(cfg) * DTYPE_BYTES.get(dtype, 2) / GIB
     n = engine.tensor_parallel_size * engine.pipeline_parallel_size
     if not on_gpu:
-        kv = engine.kv_cache_memory_gib if engine.kv_cache_memory_gib is not None else CPU_KV_DEFAULT_GIB
+        kv = engine.kv_cache_memory_gib if engine.kv_cache_memory_gib is not None else CPU_DEFAULT_KV_GIB
         return Need(0, round(weights_gib + kv + CPU_OVERHEAD_GIB, 3))
     if engine.kv_cache_memory_gib is None:
         return Need(n, float("inf"))  # the engine takes most of each GPU: ask for whole free GPUs

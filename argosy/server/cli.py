@@ -7,6 +7,7 @@ import socket
 from pathlib import Path
 
 import argosy
+from argosy.engine.config_flags import add_engine_flags
 from argosy.observe.logs import add_logging_arguments
 
 DEFAULT_PORT = 8100
@@ -26,29 +27,11 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=None,
                         help=f"0 picks a free port, printed at start (default {DEFAULT_PORT})")
-    parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
-    parser.add_argument("--device", default="auto", help="auto (cuda where present), cpu or cuda[:N]")
-    parser.add_argument("--max-num-seqs", type=int, default=256, help="most sequences in one batch")
-    parser.add_argument("--max-num-batched-tokens", type=int, default=None, help="token budget of one step")
-    parser.add_argument("--kv-cache-memory", type=float, default=None, metavar="GIB",
-                        help="KV cache size in GiB (default: a share of free device memory)")
-    parser.add_argument("--max-model-len", type=int, default=None, help="context length (default: the model's)")
-    parser.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
-    parser.add_argument("--no-prefix-caching", action="store_true", help="turn off automatic prefix caching")
-    parser.add_argument("--compile-matvec", action="store_true",
-                        help="CPU: one-token steps through a compiled matrix-vector product (~2x single stream; "
-                             "compiles at start)")
-    parser.add_argument("--scheduling-policy", default="fcfs", choices=["fcfs", "priority"])
-    parser.add_argument("--tensor-parallel-size", "-tp", type=int, default=1, help="GPUs (or CPU ranks) per stage")
-    parser.add_argument("--pipeline-parallel-size", "-pp", type=int, default=1, help="pipeline stages")
-    parser.add_argument("--distributed-executor-backend", default=None, choices=["mp", "ray", "torchrun"],
-                        help="how the other ranks start: mp (local processes), ray (a placement group on the "
-                             "Ray cluster), torchrun (default: torchrun when started by it, else mp)")
+    add_engine_flags(parser.add_argument_group("engine settings (the fields of EngineConfig)"))
     parser.add_argument("--max-queue", type=int, default=DEFAULT_MAX_QUEUE,
                         help="waiting requests past which the server answers 503 with Retry-After")
     parser.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES,
                         help="largest request body accepted (413 above)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of requests that set none")
     parser.add_argument("--otlp-endpoint", default=None, metavar="URL",
                         help="export OpenTelemetry traces over OTLP/HTTP, e.g. http://127.0.0.1:4318 (default: off)")
     add_logging_arguments(parser)
@@ -68,24 +51,19 @@ def run_engine_server(args: argparse.Namespace) -> None:
     import prometheus_client
     import uvicorn
 
-    from argosy.engine.config import EngineConfig
+    from argosy.engine.config_flags import engine_config_from_args
     from argosy.server.app import build_app
 
     model = Path(args.model) if args.model else builtin_model_path()
+    try:  # the settings first: a bad flag is named before anything is read
+        config = engine_config_from_args(args, model=str(model))
+    except ValueError as exc:
+        raise SystemExit(f"argosy engine: {exc}") from None
     if not (model / "config.json").is_file():
         raise SystemExit(f"argosy engine: no checkpoint at {model} (config.json missing)")
     if args.max_queue < 1:
         raise SystemExit("argosy engine: --max-queue must be at least 1")
     try:
-        config = EngineConfig(
-            model=str(model), dtype=args.dtype, device=args.device, block_size=args.block_size,
-            kv_cache_memory_gib=args.kv_cache_memory, max_num_seqs=args.max_num_seqs,
-            max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
-            enable_prefix_caching=not args.no_prefix_caching, scheduling_policy=args.scheduling_policy,
-            seed=args.seed, tensor_parallel_size=args.tensor_parallel_size,
-            pipeline_parallel_size=args.pipeline_parallel_size,
-            distributed_executor_backend=args.distributed_executor_backend, compile_matvec=args.compile_matvec,
-        )
         from argosy.engine.parallel.launch import run_if_worker_rank
 
         if run_if_worker_rank(config):  # under torchrun, rank > 0: served rank 0's engine until it stopped

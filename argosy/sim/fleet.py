@@ -14,6 +14,7 @@ import itertools
 from dataclasses import dataclass
 
 from argosy.config import ModelConfig
+from argosy.engine.config import default_token_budget
 from argosy.fleet.autoscaler import Autoscaler, Observation
 from argosy.gateway.health import Upstream
 from argosy.gateway.prefix_index import PrefixIndex
@@ -83,8 +84,10 @@ class FleetSim:
         e = self.model.engine
         cold = cold and now >= self.s.instant_start_until_s
         ready = now + (self.profile.cold_start_s if cold else 0.0)
+        # Unset in the fleet file: the budget the engine picks for a server on this profile's device.
+        budget = e.max_num_batched_tokens or default_token_budget("cpu" if self.profile.gpu == "cpu" else "cuda")
         rep = SimReplica(f"{region.name}-{next(self.ids)}", region.idx, self.profile, e.max_num_seqs,
-                         e.max_num_batched_tokens, now, ready, self.prefix_tokens)
+                         budget, now, ready, self.prefix_tokens)
         region.replicas.append(rep)
         self.all_replicas.append(rep)
         self.by_name[rep.name] = rep

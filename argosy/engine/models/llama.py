@@ -9,12 +9,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from argosy.engine.attention import AttentionMetadata, paged_attention, write_kv
+from argosy.engine.attention import AttentionBackend, AttentionMetadata, paged_attention, write_kv
 from argosy.engine.checkpoint import ModelConfig
 
 
 class RMSNorm(nn.Module):
-    kernel = None  # on the CPU: the C RMS norm of cpu_kernels, set by the model runner (float32 only)
+    kernel = None  # on the CPU: the C RMS norm of cpu_kernels, set by the platform (float32 only)
 
     def __init__(self, dim: int, eps: float):
         super().__init__()
@@ -56,7 +56,8 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 class Attention(nn.Module):
-    rope_kernel = None  # on the CPU: the C RoPE of cpu_kernels, set by the model runner (float32 only)
+    rope_kernel = None  # on the CPU: the C RoPE of cpu_kernels, set by the platform (float32 only)
+    backend: AttentionBackend | None = None  # set by the runner; None: the best one for each call's cache
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -88,8 +89,12 @@ class Attention(nn.Module):
             q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
         # Every new K/V is written before any attention reads the cache: a sequence may read blocks
         # that another sequence in this same batch computes (prefix hits on freshly cached blocks).
-        write_kv(kv_cache, k, v, meta.slot_mapping)
-        o = paged_attention(q, k, v, kv_cache, meta, self.scale)
+        if self.backend is None:
+            write_kv(kv_cache, k, v, meta.slot_mapping)
+            o = paged_attention(q, k, v, kv_cache, meta, self.scale)
+        else:
+            self.backend.write_kv(kv_cache, k, v, meta.slot_mapping)
+            o = self.backend.forward(q, k, v, kv_cache, meta, self.scale)
         return self.o_proj(o.view(t, self.q_size))
 
 

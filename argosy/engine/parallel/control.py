@@ -1,4 +1,5 @@
-"""The driver's control connections to ranks it did not spawn itself (Ray actors, torchrun processes).
+"""The driver's control connections to its ranks, and stopping them (shared by every launcher:
+launch.py's and ray_ranks.py's).
 
 Each step's inputs go from the driver to every rank over one connection per rank, not a collective, so
 an idle rank waits without a timeout and sees the driver's death as the connection closing. Locally
@@ -18,6 +19,8 @@ from multiprocessing.connection import Client, Connection, Listener
 import torch.distributed as dist
 
 from argosy.engine.parallel.state import ParallelState
+
+STOP_TIMEOUT_S = 5.0  # a rank asked to stop gets this long before it is killed
 
 
 def ip_toward(host: str, port: int) -> str:
@@ -52,3 +55,23 @@ def connect_to_driver(ps: ParallelState) -> Connection:
     conn = Client(tuple(address), authkey=key)
     conn.send_bytes(pickle.dumps(ps.rank))
     return conn
+
+
+def send_stop(conns: list[Connection]) -> None:
+    """Asks each rank to stop (one that is already gone is skipped)."""
+    for conn in conns:
+        try:
+            conn.send_bytes(pickle.dumps(("stop", None)))
+        except (OSError, ValueError):
+            pass
+
+
+def close_connections(conns: list[Connection], listeners: list) -> None:
+    """Closes the control connections and listeners, and leaves the process group."""
+    for c in [*conns, *listeners]:
+        try:
+            c.close()
+        except OSError:
+            pass
+    if dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,5 +1,5 @@
 """The driver's side of a parallel engine: starts the other T*P-1 ranks (launch.py), runs rank 0's
-shard, and looks like a ModelRunner to LLMEngine (prepare / execute / num_blocks / ...), so the
+shard, and is a Runner to LLMEngine (model_runner.py: prepare / execute / submit / collect ...), so the
 scheduler, the KV cache manager and the sampler run once, here.
 
 Each step the driver sends the prepared batch (token ids, positions, slot mapping, block tables; the
@@ -25,9 +25,9 @@ import weakref
 import torch
 import torch.distributed as dist
 
+from argosy.engine.batch import BatchInputs
 from argosy.engine.checkpoint import load_model_config
 from argosy.engine.config import EngineConfig
-from argosy.engine.model_runner import BatchInputs
 from argosy.engine.parallel.launch import driver_worker, run_if_worker_rank, start_ranks
 from argosy.engine.parallel.model import check_divisible
 from argosy.engine.parallel.worker import PendingStep, Worker, map_tensors
@@ -47,7 +47,7 @@ class ParallelExecutor:
         self.kind = "tensor-parallel" if pp == 1 else "pipeline-parallel" if tp == 1 else "parallel"
         self.error: str | None = None
         self.ranks = start_ranks(config)
-        self.procs = getattr(self.ranks, "procs", [])  # local spawn only
+        self.procs = self.ranks.procs  # local spawn only
         self.conns = self.ranks.conns
         self._finalizer = weakref.finalize(self, self.ranks.shutdown)
         try:
@@ -139,7 +139,7 @@ class ParallelExecutor:
             self.close()
             raise
 
-    # -- the ModelRunner interface ---------------------------------------------------------------------
+    # -- the Runner interface (model_runner.py) --------------------------------------------------------
     def submit(self, batch: BatchInputs) -> PendingStep:
         """Starts a step on every rank; returns once the driver's own stage is done (see collect)."""
         self._check()

@@ -3,29 +3,28 @@
 rank's work are the same in all three; only the start, the rendezvous address, the control
 connections and how a dead rank is noticed differ.
 
-Every launcher offers: driver_device, master_addr, port (None: torchrun's env), connect(ps) (after
-the driver joined the group: the control connections, rank order, in .conns), dead() (a description
-of a rank that has exited, or None) and shutdown() (idempotent; holds no reference to the executor).
+Every launcher is a `Ranks`: driver_device, master_addr, port (None: torchrun's env), connect(ps)
+(after the driver joined the group: the control connections, rank order, in .conns), procs (the local
+processes, if it spawned any), dead() (a description of a rank that has exited, or None) and
+shutdown() (idempotent; holds no reference to the executor).
 """
 
 from __future__ import annotations
 
 import os
-import pickle
 import time
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
+from typing import Protocol
 
 import torch
-import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from argosy.engine.config import EngineConfig
-from argosy.engine.parallel.control import accept_ranks, ip_toward
+from argosy.engine.parallel.control import STOP_TIMEOUT_S, accept_ranks, close_connections, ip_toward, send_stop
 from argosy.engine.parallel.state import ParallelState, free_port, init_parallel, rank_device
 from argosy.engine.parallel.worker import Worker, remote_worker_main, worker_main
 
-STOP_TIMEOUT_S = 5.0
 TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
@@ -62,22 +61,20 @@ def torchrun_device(config: EngineConfig) -> torch.device:
     return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if base.type == "cuda" else base
 
 
-def _send_stop(conns: list[Connection]) -> None:
-    for conn in conns:
-        try:
-            conn.send_bytes(pickle.dumps(("stop", None)))
-        except (OSError, ValueError):
-            pass
+class Ranks(Protocol):
+    """How the other ranks were started (SpawnedRanks, TorchrunRanks, ray_ranks.RayRanks)."""
 
+    driver_device: torch.device
+    master_addr: str
+    port: int | None  # None: torchrun's environment
+    conns: list[Connection]  # control connections to ranks 1..N-1, in rank order (after connect)
+    procs: list[BaseProcess]  # the local processes (spawned here); empty for the others
 
-def _close(conns: list[Connection], listeners: list) -> None:
-    for c in [*conns, *listeners]:
-        try:
-            c.close()
-        except OSError:
-            pass
-    if dist.is_initialized():
-        dist.destroy_process_group()
+    def connect(self, ps: ParallelState) -> None: ...
+
+    def dead(self) -> str | None: ...
+
+    def shutdown(self) -> None: ...
 
 
 class SpawnedRanks:
@@ -113,14 +110,14 @@ class SpawnedRanks:
 
     def shutdown(self) -> None:
         """Asks every worker to stop, then kills the ones that do not. Also runs at interpreter exit."""
-        _send_stop(self.conns)
+        send_stop(self.conns)
         deadline = time.monotonic() + STOP_TIMEOUT_S
         for p in self.procs:
             p.join(max(0.0, deadline - time.monotonic()))
             if p.is_alive():
                 p.kill()
                 p.join(1.0)
-        _close(self.conns, [])
+        close_connections(self.conns, [])
 
 
 class TorchrunRanks:
@@ -133,6 +130,7 @@ class TorchrunRanks:
         self.driver_device = torchrun_device(config)
         self.master_addr, self.port = os.environ["MASTER_ADDR"], None
         self.conns: list[Connection] = []
+        self.procs: list[BaseProcess] = []  # torchrun's, not ours
         self.listeners: list = []
 
     def connect(self, ps: ParallelState) -> None:
@@ -143,11 +141,11 @@ class TorchrunRanks:
         return None
 
     def shutdown(self) -> None:
-        _send_stop(self.conns)
-        _close(self.conns, self.listeners)
+        send_stop(self.conns)
+        close_connections(self.conns, self.listeners)
 
 
-def start_ranks(config: EngineConfig):
+def start_ranks(config: EngineConfig) -> Ranks:
     backend = resolve_backend(config)
     if backend == "ray":
         from argosy.engine.parallel.ray_ranks import RayRanks
@@ -156,7 +154,7 @@ def start_ranks(config: EngineConfig):
     return TorchrunRanks(config) if backend == "torchrun" else SpawnedRanks(config)
 
 
-def driver_worker(config: EngineConfig, ranks) -> Worker:
+def driver_worker(config: EngineConfig, ranks: Ranks) -> Worker:
     """Rank 0's start-up: joins the group, connects the other ranks, loads its shard."""
     ps = init_parallel(0, config.tensor_parallel_size, config.pipeline_parallel_size, ranks.driver_device,
                        ranks.master_addr, ranks.port)

@@ -15,8 +15,7 @@ from multiprocessing.connection import Connection
 import torch
 
 from argosy.engine.config import EngineConfig
-from argosy.engine.parallel.control import accept_ranks
-from argosy.engine.parallel.launch import STOP_TIMEOUT_S, _close, _send_stop
+from argosy.engine.parallel.control import STOP_TIMEOUT_S, accept_ranks, close_connections, send_stop
 from argosy.engine.parallel.state import ParallelState, free_port
 from argosy.engine.parallel.worker import remote_worker_main
 
@@ -58,6 +57,7 @@ class RayRanks:
         self.pg = placement_group(bundles, strategy="PACK")
         self.actors, self.refs = [], []
         self.conns: list[Connection] = []
+        self.procs: list = []  # the ranks are Ray's actors, not processes of ours
         self.listeners: list = []
         ready, _ = ray.wait([self.pg.ready()], timeout=PLACEMENT_TIMEOUT_S)
         if not ready:
@@ -101,7 +101,7 @@ class RayRanks:
             return f"worker {rank} (Ray actor) failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
 
     def shutdown(self) -> None:
-        _send_stop(self.conns)
+        send_stop(self.conns)
         ray = self.ray
         try:
             if self.refs:
@@ -112,4 +112,4 @@ class RayRanks:
         except Exception:  # noqa: BLE001 - Ray already shut down (interpreter exit): its actors went with it
             pass
         self.refs, self.actors = [], []
-        _close(self.conns, self.listeners)
+        close_connections(self.conns, self.listeners)

@@ -1,6 +1,6 @@
 """One rank: its model shard, its KV cache (its layers, its KV heads), and its part of each step.
 
-The driver (rank 0) holds a Worker too, and also prepares the batch (`ModelRunner.prepare`). Other
+The driver (rank 0) holds a Worker too, and also prepares the batch (`RunnerBase.prepare`). Other
 ranks run `serve_steps`: they wait on a connection to the driver (a pipe when spawned locally, TCP
 under Ray or torchrun) for its next step, so an idle engine has no collective waiting to time out,
 and a driver that dies closes the connection and so ends them. Each rank runs the steps in order, so
@@ -10,7 +10,6 @@ micro-batches in flight reach every stage in the order the driver started them.
 from __future__ import annotations
 
 import dataclasses
-import os
 import pickle
 import signal
 from collections.abc import Callable
@@ -20,14 +19,16 @@ from multiprocessing.connection import Connection
 import torch
 import torch.distributed as dist
 
+from argosy.engine.batch import BatchInputs
 from argosy.engine.checkpoint import load_model_config
 from argosy.engine.config import EngineConfig
-from argosy.engine.cpu_memory import keep_freed_memory
-from argosy.engine.model_runner import BatchInputs, ModelRunner, resolve_dtype
+from argosy.engine.model_runner import RunnerBase
 from argosy.engine.models.llama import rope_inv_freq
 from argosy.engine.parallel.control import connect_to_driver
 from argosy.engine.parallel.model import ShardedLlama, load_shard, local_config
 from argosy.engine.parallel.state import ParallelState, init_parallel, rank_device
+from argosy.engine.platforms import platform_for
+from argosy.engine.platforms.base import resolve_dtype
 
 
 def map_tensors(obj, fn: Callable[[torch.Tensor], torch.Tensor]):
@@ -50,16 +51,16 @@ class PendingStep:
     works: list[tuple[dist.Work, str, torch.Tensor | None]]
 
 
-class Worker(ModelRunner):
-    # ModelRunner.__init__ is not called: it would load the whole model. prepare() needs only
-    # block_size and device, and _num_kv_blocks() our kv_bytes_per_block().
+class Worker(RunnerBase):
+    """One rank's shard, its KV cache and its part of each step; the driver's also prepares the batch."""
+
     def __init__(self, config: EngineConfig, ps: ParallelState):
         self.config, self.ps = config, ps
         self.device = ps.device
-        if self.device.type == "cpu":
-            keep_freed_memory()
+        self.platform = platform_for(self.device)
+        self.platform.prepare_process()
         self.model_config = cfg = load_model_config(config.model)
-        self.dtype = resolve_dtype(config, cfg, self.device)
+        self.dtype = resolve_dtype(config, cfg, self.platform)
         self.block_size = config.block_size
         with torch.device("meta"):
             model = ShardedLlama(cfg, ps)
@@ -69,16 +70,7 @@ class Worker(ModelRunner):
         self.model = model.eval()
         self.num_kv_heads = local_config(cfg, ps.tp_size).num_kv_heads
         # Every rank must agree on the block count: the driver's one KV cache manager hands out the slots.
-        self.num_blocks = ps.min_over_world(self._num_kv_blocks())
-        shape = (2, self.num_blocks, self.block_size, self.num_kv_heads, cfg.head_dim)
-        self.kv_caches = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in model.layers]
-        self.decode_group_blocks = self._decode_group_blocks()
-        self.decode_kernel = self._decode_kernel()
-
-    def kv_bytes_per_block(self) -> int:
-        """This rank's bytes per block: its layers and its KV heads (kv_cache_memory_gib is per rank)."""
-        elem = torch.finfo(self.dtype).bits // 8
-        return 2 * len(self.model.layers) * self.block_size * self.num_kv_heads * self.model_config.head_dim * elem
+        self.allocate_kv_cache(ps.min_over_world(self.kv_cache_blocks()))
 
     def param_bytes(self) -> int:
         return sum(p.numel() * p.element_size() for p in self.model.parameters())
@@ -164,8 +156,7 @@ def worker_main(rank: int, port: int, config: EngineConfig, conn: Connection) ->
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle; it stops us
     tp, pp = config.tensor_parallel_size, config.pipeline_parallel_size
     base = config.resolved_device()
-    if base.type == "cpu":  # the ranks share the cores
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // (tp * pp)))
+    platform_for(base).share_host(tp * pp)  # the CPU's ranks share its cores
     ps = init_parallel(rank, tp, pp, rank_device(base, rank), "127.0.0.1", port)
     serve_steps(Worker(config, ps), conn)
 

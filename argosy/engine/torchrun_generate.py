@@ -1,6 +1,6 @@
 """Offline generation on a parallel engine, as an entry point for torchrun (any backend works):
 
-    torchrun --nproc-per-node=2 -m argosy.engine.parallel.generate --model PATH --tensor-parallel-size 2 \\
+    torchrun --nproc-per-node=2 -m argosy.engine.torchrun_generate --model PATH --tensor-parallel-size 2 \\
         --prompts prompts.jsonl [--max-tokens 64] [--temperature 0] > outputs.jsonl
 
 Every rank runs this module; rank 0 is the driver (it runs the engine and writes one JSON line per
@@ -14,7 +14,7 @@ import argparse
 import json
 import sys
 
-from argosy.engine.config import EngineConfig
+from argosy.engine.config_flags import add_engine_flags, engine_config_from_args
 from argosy.engine.errors import InvalidRequestError
 from argosy.engine.sampling_params import SamplingParams
 
@@ -35,28 +35,16 @@ def read_prompts(path: str) -> list[str | list[int]]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="argosy.engine.parallel.generate", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="argosy.engine.torchrun_generate", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", required=True, help="checkpoint folder")
     p.add_argument("--prompts", required=True, help="JSON lines: {\"prompt\": ...} or {\"prompt_token_ids\": [...]}")
-    p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
-    p.add_argument("--pipeline-parallel-size", "-pp", type=int, default=1)
-    p.add_argument("--distributed-executor-backend", choices=["mp", "ray", "torchrun"], default=None,
-                   help="default: torchrun when started by it, else mp")
-    p.add_argument("--device", default="auto")
-    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
-    p.add_argument("--kv-cache-memory", type=float, default=None, metavar="GIB", help="KV cache per rank, GiB")
-    p.add_argument("--max-num-batched-tokens", type=int, default=None, help="token budget of one step")
     p.add_argument("--max-tokens", type=int, default=64, help="tokens to generate per prompt")
     p.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
     p.add_argument("--ignore-eos", action="store_true", help="always generate --max-tokens tokens")
+    add_engine_flags(p.add_argument_group("engine settings (the fields of EngineConfig)"))
     args = p.parse_args(argv)
     try:
-        config = EngineConfig(model=args.model, device=args.device, dtype=args.dtype,
-                              kv_cache_memory_gib=args.kv_cache_memory,
-                              max_num_batched_tokens=args.max_num_batched_tokens,
-                              tensor_parallel_size=args.tensor_parallel_size,
-                              pipeline_parallel_size=args.pipeline_parallel_size,
-                              distributed_executor_backend=args.distributed_executor_backend)
+        config = engine_config_from_args(args, model=args.model, usage="offline")
         params = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens, ignore_eos=args.ignore_eos)
         prompts = read_prompts(args.prompts)
     except (ValueError, OSError) as e:
@@ -68,7 +56,7 @@ def main(argv: list[str] | None = None) -> None:
     from argosy.engine.llm import LLM
 
     try:
-        with LLM(args.model, **{k: getattr(config, k) for k in config.__dataclass_fields__ if k != "model"}) as llm:
+        with LLM.from_config(config) as llm:
             outputs = llm.generate(prompts, params)
     except (InvalidRequestError, ValueError, OSError) as e:  # a bad checkpoint or prompt: one line, exit 2
         p.exit(2, f"{p.prog}: error: {e}\n")

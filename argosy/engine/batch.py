@@ -1,0 +1,76 @@
+"""One engine step's inputs: the scheduled sequences flattened into one batch of tokens."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from argosy.engine.attention import AttentionBackend, AttentionMetadata, PrefillChunk
+from argosy.engine.sequence import Sequence
+
+
+@dataclass
+class BatchInputs:
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    meta: AttentionMetadata
+    sample_indices: torch.Tensor  # rows of the flattened batch whose logits are sampled
+    sampling_seqs: list[Sequence]
+
+
+def prepare_batch(scheduled: list[tuple[Sequence, int]], block_size: int, device: torch.device,
+                  attention: AttentionBackend) -> BatchInputs:
+    """scheduled: (sequence, tokens to compute this step). Decodes (one token) come first, sorted by
+    context length so that the groups attention batches waste little padding; the attention backend
+    decides the groups."""
+    bs = block_size
+    decodes = sorted(((s, n) for s, n in scheduled if n == 1), key=lambda x: x[0].num_computed_tokens)
+    prefills = [(s, n) for s, n in scheduled if n > 1]
+    input_ids: list[int] = []
+    positions: list[int] = []
+    slots: list[int] = []
+    sample_rows: list[int] = []
+    sampling_seqs: list[Sequence] = []
+    decode_lens: list[int] = []
+    decode_tables: list[list[int]] = []
+    for seq, _ in decodes:
+        pos = seq.num_computed_tokens
+        input_ids.append(seq.token_ids[pos])
+        positions.append(pos)
+        slots.append(seq.block_ids[pos // bs] * bs + pos % bs)
+        decode_lens.append(pos + 1)
+        decode_tables.append(seq.block_ids[: (pos + bs) // bs])
+        if pos + 1 == seq.num_tokens:
+            sample_rows.append(len(input_ids) - 1)
+            sampling_seqs.append(seq)
+    chunks: list[PrefillChunk] = []
+    for seq, n in prefills:
+        start = seq.num_computed_tokens
+        end = start + n
+        q_start = len(input_ids)
+        input_ids.extend(seq.token_ids[start:end])
+        positions.extend(range(start, end))
+        ids = seq.block_ids
+        slots.extend(ids[p // bs] * bs + p % bs for p in range(start, end))
+        table = mask = None
+        if start:  # earlier tokens are in the cache: read them through the block table
+            table = torch.tensor(ids[: (end + bs - 1) // bs], dtype=torch.long, device=device)
+            # Query i sits at position start + i and sees keys up to that position.
+            mask = torch.ones(n, end, dtype=torch.bool, device=device).tril(start)
+        chunks.append(PrefillChunk(q_start, n, end, table, mask))
+        if end == seq.num_tokens:
+            sample_rows.append(len(input_ids) - 1)
+            sampling_seqs.append(seq)
+    meta = AttentionMetadata(
+        slot_mapping=torch.tensor(slots, dtype=torch.long, device=device),
+        decode_groups=attention.decode_groups(decode_tables, decode_lens),
+        prefills=chunks,
+    )
+    return BatchInputs(
+        input_ids=torch.tensor(input_ids, dtype=torch.long, device=device),
+        positions=torch.tensor(positions, dtype=torch.long, device=device),
+        meta=meta,
+        sample_indices=torch.tensor(sample_rows, dtype=torch.long, device=device),
+        sampling_seqs=sampling_seqs,
+    )
