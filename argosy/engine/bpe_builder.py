@@ -1,4 +1,7 @@
-"""Trains the small byte-level BPE tokenizer that random-weight test checkpoints ship with (see random_model.py)."""
+"""Trains the small byte-level BPE tokenizer that random-weight test checkpoints ship with (see random_model.py).
+
+A test helper, shipped for `argosy make-test-model`; the engine never imports it.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,8 @@
-"""Writes small random-weight Hugging Face checkpoints: for tests, benchmarks and `argosy make-test-model`."""
+"""Writes small random-weight Hugging Face checkpoints: for tests, benchmarks and `argosy make-test-model`.
+
+A test helper, shipped in the package so that `argosy make-test-model` (and a user's own tests) can
+build a checkpoint without a model hub; the engine never imports it. Its outputs are noise by design.
+"""
 
 from __future__ import annotations
 
