@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from concurrent.futures import FIRST_COMPLETED
+from concurrent.futures import wait as wait_futures
 from pathlib import Path
 
 import torch
@@ -20,6 +22,7 @@ from argosy.engine.sampler import Sampler
 from argosy.engine.sampling_params import SamplingParams
 from argosy.engine.scheduler import Scheduler, SchedulerOutput
 from argosy.engine.sequence import Sequence, SequenceStatus
+from argosy.engine.structured import GrammarCompiler, SequenceGrammar
 
 
 class LLMEngine:
@@ -52,6 +55,8 @@ class LLMEngine:
         self.requests: dict[str, list[Sequence]] = {}
         self.prompts: dict[str, str | None] = {}
         self.final_only: set[str] = set()
+        self.grammars: GrammarCompiler | None = None  # made by the first structured request
+        self._compiling: list[Sequence] = []  # sequences whose grammar was not ready when last looked at
 
     # -- requests -------------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams | None = None,
@@ -79,6 +84,11 @@ class LLMEngine:
             raise InvalidRequestError(
                 f"this request needs {blocks_needed} KV-cache blocks but the cache holds "
                 f"{self.runner.num_blocks}", "max_tokens")
+        future = None
+        if params.structured_outputs is not None:
+            if self.grammars is None:
+                self.grammars = GrammarCompiler(self.tokenizer, self.vocab_size, self.eos_token_ids)
+            future = self.grammars.compile(params.structured_outputs)  # a bad spec raises here: a 400
         now = arrival_time if arrival_time is not None else time.monotonic()
         seqs = []
         for i in range(params.n):
@@ -89,6 +99,9 @@ class LLMEngine:
                 # Each of the n completions gets its own stream, as vLLM's seed + index.
                 seq.generator = torch.Generator(self.runner.device).manual_seed(params.seed + i)
             seq.detokenizer = IncrementalDetokenizer(self.tokenizer, token_ids, params)
+            if future is not None:
+                seq.grammar = SequenceGrammar(future)
+                self._compiling.append(seq)
             seqs.append(seq)
         self.requests[request_id] = seqs
         self.prompts[request_id] = prompt if isinstance(prompt, str) else None
@@ -126,11 +139,13 @@ class LLMEngine:
 
     # -- the step -------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
+        failed = self._end_failed_grammars() if self._compiling else []
         if self.pipeline_depth > 1:
-            return self._step_pipelined()
+            return failed + self._step_pipelined()
         out = self.scheduler.schedule()
         if not out.scheduled:
-            return []
+            self._wait_for_grammars()
+            return failed
         start = time.monotonic()
         batch = self.runner.prepare(out.scheduled)
         return self._finish_batch(out, batch, self.runner.execute(batch), start)
@@ -147,9 +162,33 @@ class LLMEngine:
             batch = self.runner.prepare(out.scheduled)
             self._in_flight.append((out, batch, self.runner.submit(batch), start))
         if not self._in_flight:
+            self._wait_for_grammars()
             return []
         out, batch, handle, start = self._in_flight.popleft()
         return self._finish_batch(out, batch, self.runner.collect(handle), start)
+
+    def _end_failed_grammars(self) -> list[RequestOutput]:
+        """Ends the sequences whose grammar failed to compile (aborted, the error as stop_reason)."""
+        still, touched = [], {}
+        for seq in self._compiling:
+            if seq.finished:
+                continue
+            if not seq.grammar.ready():
+                still.append(seq)
+            elif seq.grammar.error is not None:
+                seq.stop_reason = seq.grammar.error
+                self.scheduler.finish(seq, SequenceStatus.FINISHED_ABORTED)
+                touched[seq.request_id] = None
+        self._compiling = still
+        now = time.monotonic()
+        return [self._output(rid, now) for rid in touched if all(s.finished for s in self.requests[rid])]
+
+    def _wait_for_grammars(self, timeout_s: float = 0.01) -> None:
+        """Nothing could be scheduled: if grammars are compiling, sleep until one is done (or briefly),
+        rather than spin the caller's loop."""
+        pending = [s.grammar.future for s in self._compiling if not s.finished and not s.grammar.future.done()]
+        if pending:
+            wait_futures(pending, timeout=timeout_s, return_when=FIRST_COMPLETED)
 
     def _finish_batch(self, out: SchedulerOutput, batch: BatchInputs, logits: torch.Tensor,
                       start: float) -> list[RequestOutput]:
@@ -190,6 +229,8 @@ class LLMEngine:
         status = None
         if token in self.eos_token_ids and not params.ignore_eos:
             status = SequenceStatus.FINISHED_STOPPED
+        elif seq.grammar is not None and (seq.grammar.terminated or seq.grammar.error is not None):
+            status = SequenceStatus.FINISHED_STOPPED  # the grammar is complete (or broken): nothing may follow
         elif token in params.stop_token_ids:
             status, seq.stop_reason = SequenceStatus.FINISHED_STOPPED, token
         stop = detok.update([token], stop_terminated=status is not None)
@@ -239,6 +280,8 @@ class LLMEngine:
             except RuntimeError:  # the engine already failed
                 self._in_flight.clear()
         self.runner.close()
+        if self.grammars is not None:
+            self.grammars.close()
 
     def stats(self) -> dict:
         return {

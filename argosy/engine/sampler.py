@@ -1,7 +1,9 @@
 """The sampler: turns one step's logits into one token per sequence, with vLLM's sampling semantics.
 
-Order per row: min_tokens mask, penalties, then greedy argmax (temperature < 1e-5) or temperature,
-top-k, top-p, min-p and a draw. Logprobs come from the raw model logits (vLLM's default `raw_logprobs`).
+Order per row: min_tokens mask, penalties, the grammar's mask (structured outputs), then greedy argmax
+(temperature < 1e-5) or temperature, top-k, top-p, min-p and a draw. Logprobs come from the raw model
+logits (vLLM's default `raw_logprobs`). Rows with a grammar have their bitmask filled and applied for the
+whole batch at once, and their matchers advanced by the sampled tokens before the call returns.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ class Sampler:
         self.eos_token_ids = set(eos_token_ids)
         self.seed = seed
         self._generators: dict[torch.device, torch.Generator] = {}  # unseeded rows' noise, one per device
+        self._bitmask = None  # a structured.GrammarBitmask, made on the first constrained row
 
     def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> SamplerOutput:
         n = len(seqs)
@@ -55,8 +58,9 @@ class Sampler:
         min_tok_rows = [i for i, s in enumerate(seqs) if s.num_output_tokens < s.params.min_tokens]
         pen_rows = [i for i, s in enumerate(seqs) if _has_penalty(s)]
         random_rows = [i for i, s in enumerate(seqs) if not s.params.greedy]
+        grammar_rows = [i for i, s in enumerate(seqs) if s.grammar is not None and s.grammar.matcher is not None]
 
-        if not (lp_rows or min_tok_rows or pen_rows or random_rows):
+        if not (lp_rows or min_tok_rows or pen_rows or random_rows or grammar_rows):
             # Fast path: all greedy, nothing to adjust. Upcasting does not change the argmax.
             return SamplerOutput(raw.argmax(dim=-1).tolist(), [None] * n, [None] * n)
 
@@ -68,6 +72,8 @@ class Sampler:
         if min_tok_rows:
             apply_min_tokens(x, seqs, self.eos_token_ids)
         x = _on_rows(x, pen_rows, lambda t: apply_penalties(t, [seqs[i] for i in pen_rows]))
+        if grammar_rows:
+            self._apply_grammars(x, raw, grammar_rows, seqs, min_tok_rows)
 
         if not random_rows:
             token_ids = x.argmax(dim=-1)
@@ -79,11 +85,37 @@ class Sampler:
             token_ids[index] = self._sample(x[index], [seqs[i] for i in random_rows])
 
         ids = token_ids.tolist()
+        if grammar_rows:
+            self._bitmask.accept([seqs[i].grammar for i in grammar_rows], [ids[i] for i in grammar_rows])
         logprobs: list[dict[int, Logprob] | None] = [None] * n
         sampled: list[float | None] = [None] * n
         if raw_logprobs is not None:
             self._fill_logprobs(raw_logprobs, token_ids, lp_rows, seqs, logprobs, sampled)
         return SamplerOutput(ids, logprobs, sampled)
+
+    def _apply_grammars(self, x: torch.Tensor, raw: torch.Tensor, rows: list[int], seqs: list[Sequence],
+                        min_tok_rows: list[int]) -> None:
+        """In place: each constrained row keeps only the tokens its grammar allows next."""
+        if self._bitmask is None:
+            from argosy.engine.structured import GrammarBitmask
+
+            self._bitmask = GrammarBitmask(self.vocab_size)
+        matchers = [seqs[i].grammar.matcher for i in rows]
+        penalty = self._bitmask.penalty(matchers, x.device)
+        if len(rows) == x.shape[0]:
+            x.add_(penalty)
+        else:
+            x.index_add_(0, torch.tensor(rows, device=x.device), penalty)
+        # min_tokens may have banned the only token the grammar allows (its stop token, once the document is
+        # complete): the grammar wins there, as a row with nothing left to sample cannot go on.
+        banned = set(min_tok_rows)
+        clash = [j for j, i in enumerate(rows) if i in banned]
+        if clash:
+            index = torch.tensor([rows[j] for j in clash], device=x.device)
+            dead = torch.isinf(x[index]).all(dim=-1)
+            if bool(dead.any()):
+                fixed = raw[index].float() + penalty[torch.tensor(clash, device=x.device)]
+                x[index] = torch.where(dead.unsqueeze(1), fixed, x[index])
 
     @staticmethod
     def _select(t: torch.Tensor, rows: list[int]) -> torch.Tensor:

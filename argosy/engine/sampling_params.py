@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from argosy.engine.errors import InvalidRequestError
+from argosy.engine.structured.params import StructuredOutputsParams
 
 
 class SamplingParamsError(InvalidRequestError):
@@ -30,6 +31,8 @@ class SamplingParams:
     logprobs: int | None = None  # top-k logprobs per generated token, beside the sampled one
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    # A grammar the output must follow (JSON schema, regex, choice, EBNF): vLLM's structured_outputs.
+    structured_outputs: StructuredOutputsParams | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):

@@ -107,8 +107,12 @@ class Scheduler:
             i += 1
         if out.preempted:
             return out  # memory is tight: admit nobody new this step
+        compiling: list[Sequence] = []  # waiting for their grammar: skipped, not blocking the queue
         while budget > 0 and len(self.waiting) and len(self.running) < self.max_num_seqs:
             seq = self.waiting.peek()
+            if seq.waiting_for_grammar:
+                compiling.append(self.waiting.pop())
+                continue
             computed_blocks, num_cached = [], 0
             if seq.num_computed_tokens == 0:
                 computed_blocks, num_cached = self.kv.get_computed_blocks(seq)
@@ -123,6 +127,8 @@ class Scheduler:
             self.running.append(seq)
             out.scheduled.append((seq, n))
             budget -= n
+        for seq in reversed(compiling):  # back at the head, in their order
+            self.waiting.push(seq, front=True)
         return out
 
     def _pick_victim(self, in_flight: Collection[Sequence] = ()) -> Sequence:

@@ -6,6 +6,7 @@ import enum
 import itertools
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -60,6 +61,8 @@ class Sequence:
     last_token_time: float | None = None
     # Set by the engine: the incremental detokenizer holding this sequence's text.
     detokenizer: object | None = None
+    # Set by the engine for structured outputs: an argosy.engine.structured.SequenceGrammar.
+    grammar: Any = None
 
     def __post_init__(self) -> None:
         self.token_ids = list(self.prompt_token_ids)
@@ -85,6 +88,11 @@ class Sequence:
     @property
     def finished(self) -> bool:
         return self.status.finished
+
+    @property
+    def waiting_for_grammar(self) -> bool:
+        """Its grammar is still compiling: the scheduler leaves it waiting and admits others."""
+        return self.grammar is not None and not self.grammar.ready()
 
     def append_token(self, token_id: int) -> None:
         self.token_ids.append(token_id)

@@ -22,12 +22,36 @@ from argosy.server.protocol import (
 )
 from argosy.server.state import ServerState, dumps, json_response, new_id, open_request, usage
 from argosy.server.streaming import DONE, SSEResponse, wait_for_finals
+from argosy.server.structured import check_grammar, parse_structured_outputs
+from argosy.server.tools import (
+    ToolCallStream,
+    ToolRequest,
+    parse_tool_call_message,
+    parse_tools,
+    response_message,
+    template_messages,
+)
 
-_ROLES = {"system", "user", "assistant", "developer"}
+_ROLES = {"system", "user", "assistant", "developer", "tool"}
 
 
-def parse_messages(value: Any) -> list[dict[str, str]]:
-    """OpenAI messages -> template messages: text content only (a string or text parts joined)."""
+def _text(i: int, content: Any) -> str:
+    """A message's content: a string, or its text parts joined."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = []
+        for part in content:
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise APIError.bad_request(f"messages[{i}].content: only text parts are supported.", "messages")
+            texts.append(part["text"])
+        return "\n".join(texts)
+    raise APIError.bad_request(f"messages[{i}].content must be a string or a list of text parts.", "messages")
+
+
+def parse_messages(value: Any) -> list[dict[str, Any]]:
+    """OpenAI messages -> template messages: text content (a string or text parts joined), an assistant's
+    tool_calls, a tool result's tool_call_id."""
     if not isinstance(value, list) or not value:
         raise APIError.bad_request("'messages' must be a non-empty list.", "messages")
     messages = []
@@ -37,21 +61,18 @@ def parse_messages(value: Any) -> list[dict[str, str]]:
         role = message.get("role")
         if role not in _ROLES:
             raise APIError.bad_request(
-                f"messages[{i}].role must be system, user, assistant or developer, got {role!r}.", "messages")
+                f"messages[{i}].role must be system, user, assistant, developer or tool, got {role!r}.", "messages")
         content = message.get("content")
-        if isinstance(content, list):
-            texts = []
-            for part in content:
-                if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                    raise APIError.bad_request(f"messages[{i}].content: only text parts are supported.", "messages")
-                texts.append(part["text"])
-            content = "\n".join(texts)
-        elif content is None and role == "assistant":
-            content = ""
-        elif not isinstance(content, str):
-            raise APIError.bad_request(f"messages[{i}].content must be a string or a list of text parts.", "messages")
         # Templates know system, not OpenAI's newer developer role.
-        entry = {"role": "system" if role == "developer" else role, "content": content}
+        entry: dict[str, Any] = {"role": "system" if role == "developer" else role}
+        if role == "assistant" and message.get("tool_calls"):
+            entry["tool_calls"] = parse_tool_call_message(i, message)
+        entry["content"] = "" if content is None and role == "assistant" else _text(i, content)
+        if role == "tool":
+            if not isinstance(message.get("tool_call_id"), str):
+                raise APIError.bad_request(f"messages[{i}].tool_call_id must be the id of the call answered.",
+                                           "messages")
+            entry["tool_call_id"] = message["tool_call_id"]
         if isinstance(message.get("name"), str):
             entry["name"] = message["name"]
         messages.append(entry)
@@ -69,13 +90,16 @@ def _logprob_settings(fields: Fields) -> int | None:
     return (top or 0) if want else None
 
 
-def _prompt_ids(state: ServerState, fields: Fields, messages: list[dict[str, str]]) -> list[int]:
+def _prompt_ids(state: ServerState, fields: Fields, messages: list[dict[str, Any]],
+                tools: ToolRequest | None) -> list[int]:
     tokenizer = state.tokenizer
     if not tokenizer.has_chat_template:
         raise APIError.bad_request("This model has no chat template; use /v1/completions.", "messages")
     add_generation_prompt = fields.get_bool("add_generation_prompt", True)
+    messages = template_messages(messages, tools, tokenizer.chat_template)
+    extra = {"tools": tools.tools} if tools is not None else {}
     try:
-        text = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, **extra)
     except Exception as exc:  # the template's own checks (e.g. roles must alternate)
         raise APIError.bad_request(f"The chat template rejected the messages: {exc}", "messages") from None
     # The template writes the special tokens (BOS...) itself; encoding must not add a second BOS.
@@ -85,42 +109,49 @@ def _prompt_ids(state: ServerState, fields: Fields, messages: list[dict[str, str
 async def create_chat_completion(request: Request) -> Response | SSEResponse:
     arrival, state, fields = await open_request(request)
     messages = parse_messages(fields.body.get("messages"))
-    fields.reject_unsupported("tools", "tool calling is not available")
-    fields.reject_unsupported("functions", "function calling is not available")
-    response_format = fields.get_dict("response_format")
-    if response_format and response_format.get("type", "text") != "text":
-        raise APIError.bad_request("Only the 'text' response_format is supported.", "response_format")
+    tools = parse_tools(fields, state.tokenizer.chat_template)
+    structured = parse_structured_outputs(fields)
+    if tools is not None and (tool_grammar := tools.grammar()) is not None:
+        if structured is not None:
+            raise APIError.bad_request(f"tool_choice {tools.choice!r} already fixes the output's form; "
+                                       f"drop {structured.param}.", "tool_choice")
+        structured = tool_grammar
     stream, include_usage = stream_flags(fields)
     max_tokens, max_tokens_field = fields.get_int("max_completion_tokens"), "max_completion_tokens"
     if max_tokens is None:  # neither: up to the context, OpenAI's chat default
         max_tokens, max_tokens_field = fields.get_int("max_tokens"), "max_tokens"
     params = sampling_params(fields, max_tokens=max_tokens, logprobs=_logprob_settings(fields),
-                             max_tokens_field=max_tokens_field)
+                             max_tokens_field=max_tokens_field, structured_outputs=structured)
+    if tools is not None and tools.parses and tools.format.special_marker:
+        params.skip_special_tokens = False  # the calls' marker is a special token: the parser must see it
     priority, cache_salt = scheduling_fields(fields)
-    prompt = _prompt_ids(state, fields, messages)
+    prompt = _prompt_ids(state, fields, messages, tools)
+    await check_grammar(structured)
     response_id = new_id("chatcmpl")
     group = await state.submit([EngineRequest(response_id, prompt, params, priority, cache_salt)], arrival)
     if stream:
-        body = _stream(state, response_id, params, group, include_usage)
+        body = _stream(state, response_id, params, group, include_usage, tools)
         return SSEResponse(body, on_close=lambda: state.engine.abort(group))
     finals = await wait_for_finals(state, request, group)
     if isinstance(finals, Response):
         return finals
-    return json_response(_response_body(state, response_id, params, finals))
+    return json_response(_response_body(state, response_id, params, finals, tools))
 
 
-def _response_body(state: ServerState, response_id: str, params: SamplingParams, finals: list[Any]) -> dict:
+def _response_body(state: ServerState, response_id: str, params: SamplingParams, finals: list[Any],
+                   tools: ToolRequest | None) -> dict:
     choices = []
     for c in finals[0].outputs:
         logprobs = None
         if params.logprobs is not None and c.logprobs is not None:
             content = chat_logprobs(c.token_ids, c.logprobs, 0, len(c.token_ids), params.logprobs, state.tokenizer)
             logprobs = {"content": content, "refusal": None}
+        message, finish_reason = response_message(tools, c.text, c.finish_reason)
         choices.append({
             "index": c.index,
-            "message": {"role": "assistant", "content": c.text},
+            "message": message,
             "logprobs": logprobs,
-            "finish_reason": c.finish_reason,
+            "finish_reason": finish_reason,
             "stop_reason": c.stop_reason,
         })
     choices.sort(key=lambda choice: choice["index"])
@@ -129,7 +160,7 @@ def _response_body(state: ServerState, response_id: str, params: SamplingParams,
 
 
 async def _stream(state: ServerState, response_id: str, params: SamplingParams, group: RequestGroup,
-                  include_usage: bool) -> AsyncIterator[bytes]:
+                  include_usage: bool, tools: ToolRequest | None) -> AsyncIterator[bytes]:
     created = int(time.time())
     head = (f'data: {{"id":"{response_id}","object":"chat.completion.chunk","created":{created},'
             f'"model":{dumps(state.served_model_name)},"choices":[').encode()
@@ -141,9 +172,13 @@ async def _stream(state: ServerState, response_id: str, params: SamplingParams, 
         # The role goes out at once, before the first token: the client sees the stream is alive.
         yield b"".join(head + dumps({"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                                      "finish_reason": None}).encode() + tail for i in range(params.n))
+        calls = [ToolCallStream(tools) for _ in range(params.n)] if tools is not None and tools.parses else None
         while outputs := await group.next_outputs():
             parts = []
             for d in tracker.deltas(outputs):
+                if calls is not None:  # tool calls: deltas from the choice's whole text so far
+                    parts.extend(_tool_chunks(head, tail, d, calls[d.index]))
+                    continue
                 logprobs = None
                 if top_k is not None and d.completion.logprobs is not None:
                     content = chat_logprobs(d.completion.token_ids, d.completion.logprobs, d.token_start,
@@ -168,3 +203,15 @@ async def _stream(state: ServerState, response_id: str, params: SamplingParams, 
     except EngineStepError as exc:
         yield b"data: " + APIError(500, str(exc), code="engine_error").body() + b"\n\n"
     yield DONE
+
+
+def _tool_chunks(head: bytes, tail: bytes, d: Any, stream: ToolCallStream) -> list[bytes]:
+    """A choice's chunks under tools: content deltas, then tool_calls deltas; the last carries the finish."""
+    deltas = stream.deltas(d.completion.text, d.finish_reason is not None)
+    chunks = [head + dumps({"index": d.index, "delta": delta, "logprobs": None, "finish_reason": None}).encode()
+              + tail for delta in deltas]
+    if d.finish_reason:
+        last = {"index": d.index, "delta": {}, "logprobs": None, "finish_reason": stream.finish_reason(d.finish_reason),
+                "stop_reason": d.completion.stop_reason}
+        chunks.append(head + dumps(last).encode() + tail)
+    return chunks

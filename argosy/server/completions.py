@@ -21,6 +21,7 @@ from argosy.server.protocol import (
 )
 from argosy.server.state import ServerState, dumps, json_response, new_id, open_request, usage
 from argosy.server.streaming import DONE, SSEResponse, wait_for_finals
+from argosy.server.structured import check_grammar, parse_structured_outputs
 
 Prompt = str | list[int]
 
@@ -71,7 +72,10 @@ async def create_completion(request: Request) -> Response | SSEResponse:
         raise APIError.bad_request("echo with logprobs needs prompt logprobs, which this server does not compute.",
                                    "echo")
     fields.reject_unsupported("suffix", "this server does not insert text")
-    params = sampling_params(fields, max_tokens=fields.get_int("max_tokens", 16), logprobs=logprobs)
+    structured = parse_structured_outputs(fields)
+    params = sampling_params(fields, max_tokens=fields.get_int("max_tokens", 16), logprobs=logprobs,
+                             structured_outputs=structured)
+    await check_grammar(structured)
     priority, cache_salt = scheduling_fields(fields)
     job = _Job(state, prompts, params, echo)
     requests = [EngineRequest(f"{job.id}-{i}", p, params, priority, cache_salt) for i, p in enumerate(prompts)]

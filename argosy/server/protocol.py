@@ -142,7 +142,7 @@ def stream_flags(fields: Fields) -> tuple[bool, bool]:
 
 
 def sampling_params(fields: Fields, *, max_tokens: int | None, logprobs: int | None,
-                    max_tokens_field: str = "max_tokens") -> SamplingParams:
+                    max_tokens_field: str = "max_tokens", structured_outputs: Any = None) -> SamplingParams:
     """The sampling fields both endpoints share (OpenAI's and vLLM's extras) as SamplingParams."""
     if max_tokens is not None and max_tokens < 1:
         raise APIError.bad_request(f"{max_tokens_field} must be at least 1, got {max_tokens}.", max_tokens_field)
@@ -174,6 +174,7 @@ def sampling_params(fields: Fields, *, max_tokens: int | None, logprobs: int | N
             logprobs=logprobs,
             skip_special_tokens=fields.get_bool("skip_special_tokens", True),
             include_stop_str_in_output=fields.get_bool("include_stop_str_in_output", False),
+            structured_outputs=structured_outputs,
         )
     except SamplingParamsError as exc:
         raise APIError.from_invalid(exc) from None

@@ -1,0 +1,12 @@
+"""Structured outputs: grammars (JSON schema, regex, choice, EBNF, tool-call tags) enforced while decoding.
+
+params.py checks what a request asks for; compiler.py compiles it against the vocabulary off the engine's
+step; matcher.py follows each sequence and masks the batch's logits. The grammar engine is xgrammar.
+"""
+
+from argosy.engine.structured.compiler import GrammarCompiler
+from argosy.engine.structured.matcher import GrammarBitmask, SequenceGrammar
+from argosy.engine.structured.params import StructuredOutputsError, StructuredOutputsParams
+
+__all__ = ["GrammarBitmask", "GrammarCompiler", "SequenceGrammar", "StructuredOutputsError",
+           "StructuredOutputsParams"]
