@@ -72,8 +72,8 @@ def test_parse_with_a_pydantic_model(client):
 
 @pytest.mark.parametrize("strict", [True, False])
 def test_json_schema_nested_arrays_enums_validates(client, strict):
-    done = client.chat.completions.create(model=MODEL_NAME, messages=MESSAGES, response_format=_json_schema(PERSON, strict),
-                                          temperature=1.0, n=4, seed=7, max_tokens=200)
+    done = client.chat.completions.create(model=MODEL_NAME, messages=MESSAGES, temperature=1.0, n=4, seed=7,
+                                          response_format=_json_schema(PERSON, strict), max_tokens=200)
     for choice in done.choices:
         assert choice.finish_reason == "stop", choice.message.content
         jsonschema.validate(json.loads(choice.message.content), PERSON)
@@ -121,7 +121,8 @@ def test_regex_and_choice_through_vllm_fields(client):
     pattern = r"[a-c]{2}-\d{3}"
     done = client.chat.completions.create(model=MODEL_NAME, messages=MESSAGES, temperature=1.0, n=3, seed=5,
                                           max_tokens=30, extra_body={"structured_outputs": {"regex": pattern}})
-    assert all(re.fullmatch(pattern, c.message.content) for c in done.choices), [c.message.content for c in done.choices]
+    texts = [c.message.content for c in done.choices]
+    assert all(re.fullmatch(pattern, text) for text in texts), texts
     choices = ["sunny", "rainy", "cloudy"]
     for extra in ({"structured_outputs": {"choice": choices}}, {"guided_choice": choices}):
         done = client.chat.completions.create(model=MODEL_NAME, messages=MESSAGES, temperature=1.0, n=3, seed=9,

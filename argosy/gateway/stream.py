@@ -22,16 +22,31 @@ def _text_slot(choice: dict) -> tuple[dict, str] | None:
     return None
 
 
+def _tool_slots(choice: dict) -> list[tuple[dict, str]]:
+    """Each tool call's arguments in a chat delta or message: (the function dict, the call's stream key).
+    Guardrails read arguments as text, as they read content."""
+    holder = choice.get("delta") or choice.get("message")
+    calls = holder.get("tool_calls") if isinstance(holder, dict) else None
+    slots = []
+    for j, call in enumerate(calls if isinstance(calls, list) else []):
+        function = call.get("function") if isinstance(call, dict) else None
+        if isinstance(function, dict) and isinstance(function.get("arguments"), str):
+            slots.append((function, f"tool{call.get('index', j)}"))
+    return slots
+
+
 async def rewrite_full(g: Guardrails, body: bytes) -> bytes:
     obj = json.loads(body)
     changed = False
     for ch in obj.get("choices", []):
         slot = _text_slot(ch)
-        if slot and isinstance(slot[0].get(slot[1]), str):
-            new = await g.check_output(slot[0][slot[1]])
-            if new != slot[0][slot[1]]:
-                slot[0][slot[1]] = new
-                changed = True
+        slots = ([slot] if slot else []) + [(f, "arguments") for f, _ in _tool_slots(ch)]
+        for holder, key in slots:
+            if isinstance(holder.get(key), str):
+                new = await g.check_output(holder[key])
+                if new != holder[key]:
+                    holder[key] = new
+                    changed = True
     return json.dumps(obj).encode() if changed else body
 
 
@@ -58,6 +73,7 @@ class StreamFilter:
             obj = json.loads(data)
             keep = False
             for ch in obj.get("choices", []):
+                keep = await self._tool_calls(ch) or keep
                 g = self.guards.setdefault(ch.get("index", 0), StreamGuard(self.g))
                 slot = _text_slot(ch)
                 text = slot[0].get(slot[1]) if slot else None
@@ -77,12 +93,38 @@ class StreamFilter:
                 out.append(b"data: " + json.dumps(obj).encode() + b"\n\n")
         return b"".join(out)
 
+    async def _tool_calls(self, ch: dict) -> bool:
+        """Guards each call's streamed arguments like content; at the choice's finish, what is still held is
+        released in a tool_calls delta of that chunk. True when the event carries tool calls."""
+        index = ch.get("index", 0)
+        slots = _tool_slots(ch)
+        for function, key in slots:
+            guard = self.guards.setdefault((index, key), StreamGuard(self.g))
+            function["arguments"] = guard.feed(function["arguments"])
+        if ch.get("finish_reason") is None:
+            return bool(slots)
+        for guard_key, guard in list(self.guards.items()):
+            if isinstance(guard_key, tuple) and guard_key[0] == index:
+                key = guard_key[1]
+                del self.guards[guard_key]
+                rest = await guard.finish()
+                if rest:
+                    delta = ch.setdefault("delta", {})
+                    delta.setdefault("tool_calls", []).append({"index": int(key[4:]), "function": {"arguments": rest}})
+                    slots.append((delta, key))
+        return bool(slots)
+
     async def _flush_all(self) -> bytes:
         out = []
         for idx, g in list(self.guards.items()):
             text = await g.finish()
             if text and self.template is not None:
                 obj = dict(self.template)
+                if isinstance(idx, tuple):  # a tool call's arguments
+                    call = {"index": int(idx[1][4:]), "function": {"arguments": text}}
+                    obj["choices"] = [{"index": idx[0], "finish_reason": None, "delta": {"tool_calls": [call]}}]
+                    out.append(b"data: " + json.dumps(obj).encode() + b"\n\n")
+                    continue
                 ch = {"index": idx, "finish_reason": None}
                 if any("delta" in c for c in self.template.get("choices", [])):
                     ch["delta"] = {"content": text}
