@@ -47,7 +47,8 @@ class Person(BaseModel):
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    with ServerProcess(make_tool_model(tmp_path_factory.mktemp("tool-model")), "--max-model-len", "512") as s:
+    with ServerProcess(make_tool_model(tmp_path_factory.mktemp("tool-model")), "--max-model-len", "512",
+                       "--revision", "r7") as s:
         yield s
 
 
@@ -157,3 +158,9 @@ def test_invalid_specs_are_a_clear_400(client, server, body, param):
     assert "Traceback" not in err.value.body["message"]
     ok = client.chat.completions.create(model=MODEL_NAME, messages=MESSAGES, max_tokens=3)  # still serving
     assert ok.choices[0].finish_reason in ("stop", "length")
+
+
+def test_model_card_has_context_revision_and_kind(client):
+    card = client.models.list().data[0]
+    assert (card.id, card.max_model_len, card.revision, card.kind) == (MODEL_NAME, 512, "r7", "generate")
+    assert card.root.endswith("tool-model0")  # the checkpoint served, as vLLM's root

@@ -197,5 +197,7 @@ def test_tool_calls_through_the_gateway_unchanged(server):
             args = "".join(d.function.arguments or "" for chunk in stream for c in chunk.choices
                            for d in c.delta.tool_calls or [])
             assert args == "".join(c.function.arguments for c in done.choices[0].message.tool_calls)
+            card = client.models.list().data[0]  # the gateway's card: the replica's context, the fleet's revision
+            assert (card.id, card.max_model_len, card.revision, card.kind) == (MODEL_NAME, 1024, "v1", "generate")
     finally:
         gateway.stop()

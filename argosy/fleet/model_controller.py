@@ -143,7 +143,7 @@ class ModelController:
     def launch(self, pooled: bool) -> bool:
         if self.clock() < self.next_start_at:
             return False  # backing off after a crash; the next tick tries again
-        args = engine_args(self.cfg, self.need.gpus > 0)
+        args = engine_args(self.cfg, self.need.gpus > 0) + ["--revision", self.cfg.revision]
         if self.otlp_endpoint:  # the replica continues the gateway's traces
             args += ["--otlp-endpoint", self.otlp_endpoint]
         spec = ReplicaSpec(self.name, str(self.cfg.checkpoint), args)

@@ -28,6 +28,7 @@ from argosy.gateway.fleet_view import FleetView
 from argosy.gateway.health import HealthChecker
 from argosy.gateway.keys import KeyRecord, KeyStore
 from argosy.gateway.metrics import GatewayMetrics
+from argosy.gateway.model_cards import ModelCards
 from argosy.gateway.prefix_index import PrefixIndex
 from argosy.gateway.proxy import Call, Proxy
 from argosy.gateway.ratelimit import MemoryLimiter, RedisLimiter
@@ -66,6 +67,7 @@ class Gateway:
         self.shadower = Shadower(lambda: self.session, self.m)
         self.m.watch(lambda: ((name, rt.admission_load()) for name, rt in self.models.items()),
                      lambda: self.reg.by_url.values())
+        self.model_cards = ModelCards()  # /v1/models: the replicas' cards, cached
         self.log_content = gw.log_content
         self.tracing = make_tracing("argosy-gateway", gw.otlp_endpoint)  # None (no per-request work) unless set
         self.fleet_view: FleetView | None = None  # the controller, under `argosy serve`

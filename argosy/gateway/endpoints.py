@@ -18,7 +18,7 @@ async def health(gw: Gateway, scope: Scope, receive: Receive, send: Send) -> Non
 
 async def list_models(gw: Gateway, scope: Scope, receive: Receive, send: Send) -> None:
     gw.authenticate(scope)
-    data = [{"id": n, "object": "model", "owned_by": "argosy"} for n in gw.models]
+    data = await gw.model_cards.cards(gw.models, gw.session)  # max_model_len, revision, kind (model_cards.py)
     await respond_json(send, 200, {"object": "list", "data": data})
 
 

@@ -26,10 +26,12 @@ from argosy.server.tokenize import detokenize, tokenize
 
 
 def _model_card(state: ServerState) -> dict[str, Any]:
+    """vLLM's model card (root: the checkpoint; max_model_len once loaded), plus the revision served and the
+    kind of model (generate: completions and chat)."""
     card: dict[str, Any] = {"id": state.served_model_name, "object": "model", "created": state.created,
-                            "owned_by": "argosy", "root": state.served_model_name, "parent": None}
-    if state.engine.ready:
-        card["max_model_len"] = state.engine.max_model_len
+                            "owned_by": "argosy", "root": state.root or state.served_model_name, "parent": None,
+                            "max_model_len": state.engine.max_model_len if state.engine.ready else None,
+                            "revision": state.revision, "kind": "generate"}
     return card
 
 
@@ -78,13 +80,16 @@ def build_app(
     on_ready: Callable[[], None] = lambda: None,
     on_failed: Callable[[BaseException], None] = lambda exc: None,
     tracing: Any = None,
+    root: str | None = None,
+    revision: str | None = None,
 ) -> KeepRawSend:
     """The server for one engine; `make_engine()` runs in the engine thread when the app starts.
     `tracing`: an argosy.observe.tracing.Tracing, or None (no traces)."""
     engine = AsyncEngine(make_engine)
     server_metrics = ServerMetrics(served_model_name, engine.engine_stats)
     engine.observer = server_metrics
-    state = ServerState(served_model_name, engine, server_metrics, max_queue=max_queue, max_body_bytes=max_body_bytes)
+    state = ServerState(served_model_name, engine, server_metrics, max_queue=max_queue, max_body_bytes=max_body_bytes,
+                        root=root, revision=revision)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

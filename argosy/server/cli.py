@@ -24,6 +24,8 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
                         help="checkpoint folder (config.json, safetensors, tokenizer); default: the built-in model")
     parser.add_argument("--served-model-name", default=None,
                         help="the name clients send as `model` (default: the checkpoint folder's name)")
+    parser.add_argument("--revision", default=None,
+                        help="the revision this replica serves (shown in /v1/models; the fleet sets it)")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=None,
                         help=f"0 picks a free port, printed at start (default {DEFAULT_PORT})")
@@ -99,7 +101,8 @@ def run_engine_server(args: argparse.Namespace) -> None:
 
     prometheus_client.disable_created_metrics()  # no *_created series: vLLM's scrape shape
     app = build_app(served, make_engine, max_queue=args.max_queue, max_body_bytes=args.max_body_bytes,
-                    on_ready=on_ready, on_failed=on_failed, tracing=tracing)
+                    on_ready=on_ready, on_failed=on_failed, tracing=tracing, root=str(model),
+                    revision=getattr(args, "revision", None))
     # No access log: request lines are noise at this rate, and the server never logs prompts anyway.
     # log_config=None: uvicorn's own loggers go through the root handler (JSON or text, as chosen).
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on",

@@ -51,6 +51,8 @@ class ServerState:
     metrics: ServerMetrics
     max_queue: int
     max_body_bytes: int
+    root: str | None = None  # the checkpoint served
+    revision: str | None = None  # the fleet's revision of the model, when it set one
     created: int = field(default_factory=lambda: int(time.time()))
 
     def check_ready(self) -> None:
