@@ -85,7 +85,8 @@ def main(argv: list[str] | None = None) -> int:
     from argosy.cost.cli import add_cost_arguments, run_cost
     from argosy.fleet.serve import add_serve_arguments, run_serve
     from argosy.fleet.status import add_config_arguments, add_status_arguments, run_config, run_status
-    from argosy.gateway.cli import add_gateway_arguments, add_keys_arguments, run_gateway, run_keys
+    from argosy.gateway.cli import add_gateway_arguments, run_gateway
+    from argosy.gateway.keys_cli import add_keys_arguments, run_keys
     from argosy.server.cli import add_engine_arguments, run_engine_server
     from argosy.sim.cli import (
         add_plan_arguments,
@@ -106,7 +107,8 @@ def main(argv: list[str] | None = None) -> int:
         ("config", "fleet files: `argosy config check fleet.yaml`", add_config_arguments, run_config),
         ("gateway", "the gateway: routing, admission control, keys, limits, guardrails",
          add_gateway_arguments, run_gateway),
-        ("keys", "manage API keys in a fleet file (stored hashed)", add_keys_arguments, run_keys),
+        ("keys", "add, list, revoke or rotate API keys on a running gateway (or a fleet file)", add_keys_arguments,
+         run_keys),
         ("bench", "load-test any OpenAI-compatible server (TTFT, ITL, goodput)", add_bench_arguments, run_bench),
         ("profile", "measure this device's step times (--model) or a roofline profile (--gpu)",
          add_profile_arguments, run_profile),

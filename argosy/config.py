@@ -6,6 +6,7 @@ are errors that name the field, so a typo never silently falls back to a default
 
 from __future__ import annotations
 
+import datetime
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -56,6 +57,7 @@ class GatewayConfig(_Strict):
     connect_timeout_s: float = Field(5.0, gt=0)
     default_max_tokens: int = Field(256, ge=1)  # token estimate when a request has no max_tokens
     shared_sync_s: float = Field(0.1, gt=0)  # with redis: period of the in-flight count exchange
+    prices: str | None = None  # price book for keys' spend and budgets (default: argosy/cost/prices.yaml)
 
 
 class KeyConfig(_Strict):
@@ -65,6 +67,13 @@ class KeyConfig(_Strict):
     rpm: int | None = Field(None, ge=1)  # None: unlimited
     tpm: int | None = Field(None, ge=1)
     priority: Literal["interactive", "batch"] = "interactive"
+    budget_usd: float | None = Field(None, gt=0)  # spend at the price book's rates past which requests get 429
+    expires_at: datetime.datetime | None = None  # after this (ISO 8601; UTC when no zone) requests get 401
+
+    @field_validator("expires_at")
+    @classmethod
+    def _utc(cls, v: datetime.datetime | None) -> datetime.datetime | None:
+        return v.replace(tzinfo=datetime.UTC) if v is not None and v.tzinfo is None else v
 
 
 class GPUSpec(_Strict):
@@ -277,6 +286,17 @@ def _check_options(model: type[_Strict], opts: dict[str, Any], where: str) -> No
 class FleetConfigError(ValueError):
     """The fleet file is unreadable or invalid; the message names the file and the fields."""
 
+    @classmethod
+    def from_yaml(cls, path: str | Path, e: yaml.YAMLError) -> FleetConfigError:
+        """A YAML syntax error as one line: file:line:column, and what is wrong there."""
+        mark = getattr(e, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        context, start = getattr(e, "context", None), getattr(e, "context_mark", None)
+        if context and start is not None and mark is not None and start.line != mark.line:
+            context += f" that starts at line {start.line + 1}"
+        return cls(f"{where}: YAML syntax error: {problem}" + (f" ({context})" if context else ""))
+
 
 def parse_fleet(data: Any, source: str = "<fleet>") -> FleetConfig:
     if data is None:
@@ -296,6 +316,8 @@ def load_fleet(path: str | Path) -> FleetConfig:
     p = Path(path)
     try:
         data = yaml.safe_load(p.read_text())
-    except (OSError, yaml.YAMLError) as e:
-        raise FleetConfigError(f"{p}: {e}") from None
+    except yaml.YAMLError as e:
+        raise FleetConfigError.from_yaml(p, e) from None
+    except OSError as e:
+        raise FleetConfigError(f"{p}: {e.strerror or e}") from None
     return parse_fleet(data, str(p))

@@ -1,10 +1,13 @@
 import os
+import tempfile
 
 import pytest
 import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# Gateways started by tests write their local admin credential here, never into the user's own state folder.
+os.environ.setdefault("ARGOSY_ADMIN_FILE", os.path.join(tempfile.mkdtemp(prefix="argosy-test-admin-"), "admin.json"))
 torch.set_num_threads(min(2, torch.get_num_threads()))
 
 

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from argosy.config import FleetConfigError, load_fleet
-from argosy.gateway.cli import add_keys_arguments, run_keys
+from argosy.gateway.keys_cli import add_keys_arguments, run_keys
 from tests.gateway_fixtures import ROOT, start_gateway, start_upstream
 
 EXAMPLE = ROOT / "examples" / "fleet.example.yaml"
@@ -71,11 +71,14 @@ def test_keys_add_then_tls_gateway_accepts_it(tmp_path, capsys):
     fleet = tmp_path / "fleet.yaml"
     ap = argparse.ArgumentParser()
     add_keys_arguments(ap)
-    assert run_keys(ap.parse_args(["add", "team-a", "--config", str(fleet), "--models", "m", "--rpm", "100"])) == 0
-    api_key = capsys.readouterr().out.strip()
+    assert run_keys(ap.parse_args(["add", "team-a", "--config", str(fleet), "--models", "m", "--rpm", "100",
+                                   "--offline"])) == 0
+    captured = capsys.readouterr()
+    api_key = captured.out.strip()
     stored = yaml.safe_load(fleet.read_text())
     assert stored["keys"][0]["name"] == "team-a" and api_key not in fleet.read_text()
-    assert run_keys(ap.parse_args(["add", "team-a", "--config", str(fleet)])) == 2  # duplicate name
+    assert "restart the gateway" in captured.err
+    assert run_keys(ap.parse_args(["add", "team-a", "--config", str(fleet), "--offline"])) == 2  # duplicate name
     up = start_upstream("u")
     gw = None
     try:

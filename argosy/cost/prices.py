@@ -76,11 +76,25 @@ class Overheads(_Strict):
     operations: Operations
 
 
+class ServedPrice(_Strict):
+    """What the gateway charges a key for a model it serves ($ per million tokens): a chargeback rate."""
+    model: str  # a served model's name, or "*" for every model without its own line
+    input_usd_per_mtok: float = Field(ge=0)
+    output_usd_per_mtok: float = Field(ge=0)
+    note: str | None = None
+
+
 class PriceBook(_Strict):
     note: str = Field(min_length=1)  # what the prices are and that they must be checked
     gpu_prices: list[GpuPrice] = Field(min_length=1)
     api_prices: list[ApiPrice] = []
+    served_prices: list[ServedPrice] = []
     overheads: Overheads
+
+    def served(self, model: str) -> ServedPrice | None:
+        """The rate keys pay for `model`: its own line, else the "*" line, else None (no spend counted)."""
+        by_model = {p.model: p for p in self.served_prices}
+        return by_model.get(model) or by_model.get("*")
 
     @model_validator(mode="after")
     def _no_duplicates(self) -> PriceBook:

@@ -87,6 +87,7 @@ class ServeApp:
 def run_serve(args: argparse.Namespace) -> int:
 
     from argosy.fleet.controller import managed
+    from argosy.gateway import local_admin
     from argosy.gateway.cli import bind, serve_on
 
     try:
@@ -106,4 +107,6 @@ def run_serve(args: argparse.Namespace) -> int:
     models = ", ".join(f"{m.name} ({m.autoscaling.min_replicas}..{m.autoscaling.max_replicas} replicas)"
                        for m in managed(fleet))
     print(f"argosy serve: gateway listening on {url}; models: {models}", flush=True)
-    return serve_on(ServeApp(fleet), fleet, sock)
+    app = ServeApp(fleet)
+    app.gateway.local_admin_digest = local_admin.issue(url)  # `argosy keys` / `argosy status` on this machine
+    return serve_on(app, fleet, sock)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 
+from argosy.cost.prices import PriceBook
 from argosy.gateway.bodies import ProxiedRequest
 from argosy.gateway.keys import KeyRecord
 from argosy.gateway.proxy import Call
@@ -16,23 +17,30 @@ def key_class(key: KeyRecord | None) -> str:
     return key.priority if key is not None else "none"
 
 
-def tokens_used(call: Call, req: ProxiedRequest) -> int:
-    """The response's usage (non-streamed), about one token per streamed event, 0 for a failed call."""
+def tokens_used(call: Call, req: ProxiedRequest) -> tuple[int, int]:
+    """(input, output) tokens: the response's usage (non-streamed), about one output token per streamed event,
+    nothing for a failed call."""
     if call.stream:
-        return req.prompt_tokens + max(0, call.completion_events - 1)  # ~one token per event, minus [DONE]
+        return req.prompt_tokens, max(0, call.completion_events - 1)  # ~one token per event, minus [DONE]
     if call.output and call.status == 200:
         with contextlib.suppress(ValueError, KeyError, TypeError):
-            return int(json.loads(b"".join(call.output))["usage"]["total_tokens"])
-        return req.estimate
-    return 0 if call.status != 200 else req.estimate
+            usage = json.loads(b"".join(call.output))["usage"]
+            prompt = int(usage.get("prompt_tokens", req.prompt_tokens))
+            return prompt, int(usage.get("completion_tokens") or int(usage["total_tokens"]) - prompt)
+        return req.prompt_tokens, req.estimate - req.prompt_tokens
+    return (0, 0) if call.status != 200 else (req.prompt_tokens, req.estimate - req.prompt_tokens)
 
 
 async def account(limiter: MemoryLimiter | RedisLimiter, key: KeyRecord | None, call: Call,
-                  req: ProxiedRequest) -> None:
-    """Reconcile the tokens-per-minute bucket with the real usage, and count the request."""
+                  req: ProxiedRequest, prices: PriceBook | None = None) -> None:
+    """Reconcile the tokens-per-minute bucket with the real usage, and count the request, its input and output
+    tokens and its spend (the price book's served_prices: $ per million tokens, so tokens x rate is micro-$)."""
     if key is None:
         return
-    used = tokens_used(call, req)
+    prompt, completion = tokens_used(call, req)
+    used = prompt + completion
     if key.tpm:
         await limiter.adjust(key.name, key.tpm, min(req.estimate, key.tpm) - used)
-    await limiter.count(key.name, 1, used)
+    rate = prices.served(call.model) if prices is not None else None
+    spend = round(prompt * rate.input_usd_per_mtok + completion * rate.output_usd_per_mtok) if rate else 0
+    await limiter.count(key.name, 1, used, input_tokens=prompt, output_tokens=completion, spend_micro_usd=spend)

@@ -5,19 +5,30 @@ else is set (`--insecure` included), and so do the replica URLs (/metrics/target
 GET /admin/upstreams                      every model's upstreams and their state
 POST /admin/upstreams {model, url[, revision]}   add one (how an autoscaler registers replicas)
 DELETE /admin/upstreams {model, url}      remove one
-GET /admin/keys                           key names, models, limits and usage (never hashes)
-POST /admin/keys {name[, models, rpm, tpm, priority]}  create; the key is in this answer only
+GET /admin/keys                           key names, models, limits, budget, expiry and usage (never hashes)
+POST /admin/keys {name[, models, rpm, tpm, priority, budget_usd, expires_at]}  create; the key is in this
+                                          answer only
+POST /admin/keys/NAME/rotate              a new secret for the key (same limits, same usage); the old one stops
 DELETE /admin/keys/NAME                   revoke
+With `gateway.redis_url`, key changes reach every gateway on that Redis before the answer (key_sync.py).
+The local admin credential of `argosy serve` / `argosy gateway` (local_admin.py) is accepted from loopback
+clients, whatever else is set: the operator on this machine is never locked out.
 GET /admin/fleet                          with `argosy serve`: nodes, replicas, states, autoscaler decisions
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import hmac
 import ipaddress
 import json
+import time
 from typing import TYPE_CHECKING, Any
 
+from pydantic import ValidationError
+
+from argosy.config import KeyConfig
 from argosy.gateway.asgi import Receive, Scope, Send, bearer, read_body, respond_json
 from argosy.gateway.errors import GatewayError, bad_request, not_found
 from argosy.gateway.keys import KeyRecord, new_key, verify
@@ -37,15 +48,35 @@ def is_loopback(host: str) -> bool:
         return False  # a host name, 0.0.0.0, ::, an interface's address: reachable from elsewhere
 
 
+def _loopback_client(scope: Scope) -> bool:
+    client = scope.get("client")
+    try:
+        return bool(client) and ipaddress.ip_address(client[0].split("%")[0]).is_loopback
+    except ValueError:
+        return False
+
+
+def _local_admin(gw: Gateway, scope: Scope, key: str | None) -> bool:
+    """The local admin credential (local_admin.py), from a loopback client."""
+    local = gw.local_admin_digest
+    return bool(key) and local is not None and _loopback_client(scope) \
+        and hmac.compare_digest(hashlib.sha256(key.encode()).digest(), local)
+
+
 def require_admin(gw: Gateway, scope: Scope) -> None:
-    """The admin key, unless the gateway listens on loopback alone and has no keys at all."""
+    """The admin key (or the local admin credential from loopback), unless the gateway listens on loopback
+    alone and has no keys at all."""
+    key = bearer(scope)
+    if _local_admin(gw, scope, key):
+        return
     if gw.keys.admin_hash is None:
         if gw.keys.empty and gw.loopback_only:
             return
         why = "the gateway listens beyond loopback" if not gw.loopback_only else "the fleet has API keys"
-        raise GatewayError(403, f"admin endpoints are disabled: {why} and no admin key is set (add one: "
-                           "argosy keys add admin --admin --config FILE)", "permission_error", "admin_disabled")
-    key = bearer(scope)
+        raise GatewayError(403, f"admin endpoints need an admin key: {why}. On this machine `argosy keys` and "
+                           "`argosy status` use the local admin credential that `argosy serve` writes; elsewhere "
+                           "set one (argosy keys add admin --admin --config FILE) and restart",
+                           "permission_error", "admin_disabled")
     if key:
         d = hashlib.sha256(key.encode()).digest()
         if d == gw.admin_digest or verify(key, gw.keys.admin_hash):
@@ -107,25 +138,67 @@ async def remove_upstream(gw: Gateway, scope: Scope, receive: Receive, send: Sen
 
 async def list_keys(gw: Gateway, scope: Scope, receive: Receive, send: Send) -> None:
     await admin_body(gw, scope, receive)
-    keys = [{**k.public(), "usage": await gw.limiter.get_usage(k.name)} for k in gw.keys.by_id.values()]
+    keys = []
+    for k in sorted(gw.keys.by_id.values(), key=lambda k: k.name):
+        usage = await gw.limiter.get_usage(k.name)
+        usage["spend_usd"] = usage.pop("spend_micro_usd") / 1e6
+        keys.append({**k.public(), "usage": usage})
     await respond_json(send, 200, {"keys": keys})
 
 
 async def create_key(gw: Gateway, scope: Scope, receive: Receive, send: Send) -> None:
     req = await admin_body(gw, scope, receive)
     name = req.get("name")
-    if not isinstance(name, str) or not name or any(k.name == name for k in gw.keys.by_id.values()):
+    if not isinstance(name, str) or not name or gw.keys.named(name) is not None:
         raise bad_request("give a new key 'name'", "name")
-    key, h = new_key()
-    rec = KeyRecord(name, h, req.get("models"), req.get("rpm"), req.get("tpm"), req.get("priority", "interactive"))
-    gw.keys.add(rec)
-    await respond_json(send, 200, {**rec.public(), "key": key, "hash": h})
+    await _issue(gw, send, _new_record(name, req))
+
+
+async def rotate_key(gw: Gateway, scope: Scope, receive: Receive, send: Send) -> None:
+    """POST /admin/keys/NAME/rotate."""
+    await admin_body(gw, scope, receive)
+    name, _, verb = scope["path"].removeprefix("/admin/keys/").rpartition("/")
+    rec = gw.keys.named(name) if verb == "rotate" else None
+    if rec is None:
+        raise not_found(f"no key named {name!r}" if verb == "rotate" else f"no admin route POST {scope['path']}")
+    await _issue(gw, send, dataclasses.replace(rec, source="admin"), rotated=rec)
 
 
 async def revoke_key(gw: Gateway, scope: Scope, receive: Receive, send: Send) -> None:
     await admin_body(gw, scope, receive)
-    ok = gw.keys.remove(scope["path"].rsplit("/", 1)[1])
-    await respond_json(send, 200 if ok else 404, {"ok": ok})
+    name = scope["path"].removeprefix("/admin/keys/")
+    if gw.keys.named(name) is None:
+        return await respond_json(send, 404, {"ok": False})
+    if gw.key_sync is not None:
+        await gw.key_sync.revoke(name)
+    else:
+        gw.keys.remove(name)
+    await respond_json(send, 200, {"ok": True, "name": name, "shared": gw.key_sync is not None})
+
+
+def _new_record(name: str, req: dict[str, Any]) -> KeyRecord:
+    fields = {k: req.get(k) for k in ("models", "rpm", "tpm", "budget_usd", "expires_at")}
+    fields["priority"] = req.get("priority", "interactive")
+    try:  # the fleet file's rules for a key
+        checked = KeyConfig(name=name, hash="scrypt:x", **{k: v for k, v in fields.items() if v is not None})
+    except ValidationError as e:
+        err = e.errors()[0]
+        raise bad_request(f"{'.'.join(map(str, err['loc']))}: {err['msg']}", str(err["loc"][0])) from None
+    rec = KeyRecord.from_config(checked)
+    rec.source, rec.created_at = "admin", time.time()
+    return rec
+
+
+async def _issue(gw: Gateway, send: Send, rec: KeyRecord, rotated: KeyRecord | None = None) -> None:
+    """A fresh secret for rec: in the store (every gateway on the Redis), and in this answer only."""
+    key, rec.hash = new_key()
+    if gw.key_sync is not None:
+        await gw.key_sync.put(rec)
+    else:
+        if rotated is not None:
+            gw.keys.remove(rotated.name)
+        gw.keys.add(rec)
+    await respond_json(send, 200, {**rec.public(), "key": key, "hash": rec.hash, "shared": gw.key_sync is not None})
 
 
 async def fleet_status(gw: Gateway, scope: Scope, receive: Receive, send: Send) -> None:

@@ -18,6 +18,7 @@ import aiohttp
 from prometheus_client import CollectorRegistry
 
 from argosy.config import FleetConfig
+from argosy.cost.prices import load_prices
 from argosy.gateway import admin, dashboard, endpoints
 from argosy.gateway.accounting import account, key_class
 from argosy.gateway.admission import PRIORITY
@@ -26,6 +27,7 @@ from argosy.gateway.bodies import ProxiedRequest
 from argosy.gateway.errors import GatewayError, method_not_allowed, not_found, rate_limited
 from argosy.gateway.fleet_view import FleetView
 from argosy.gateway.health import HealthChecker
+from argosy.gateway.key_sync import KeySync
 from argosy.gateway.keys import KeyRecord, KeyStore
 from argosy.gateway.metrics import GatewayMetrics
 from argosy.gateway.model_cards import ModelCards
@@ -68,6 +70,9 @@ class Gateway:
         self.m.watch(lambda: ((name, rt.admission_load()) for name, rt in self.models.items()),
                      lambda: self.reg.by_url.values())
         self.model_cards = ModelCards()  # /v1/models: the replicas' cards, cached
+        self.prices = load_prices(gw.prices)  # keys' spend and budgets (served_prices)
+        self.key_sync: KeySync | None = None  # with redis: keys added and revoked at run time, shared
+        self.local_admin_digest: bytes | None = None  # the local admin credential's SHA-256 (local_admin.py)
         self.log_content = gw.log_content
         self.tracing = make_tracing("argosy-gateway", gw.otlp_endpoint)  # None (no per-request work) unless set
         self.fleet_view: FleetView | None = None  # the controller, under `argosy serve`
@@ -111,6 +116,9 @@ class Gateway:
             self.limiter = RedisLimiter(r)
             self.shared = Shared(r, self.reg, self.index, gw.shared_sync_s)
             await self.shared.start()
+            self.key_sync = KeySync(r, self.keys, [KeyRecord.from_config(k) for k in self.fleet.keys],
+                                    self.shared.gid)
+            await self.key_sync.start()
         self.health = HealthChecker(self.session, gw.health_interval_s, gw.health_timeout_s, self.scraper)
         scrape = {u.url for rt in self.models.values()
                   if rt.cfg.routing.policy in ("least_load", "prefix", "length_classes", "session")
@@ -120,6 +128,8 @@ class Gateway:
     async def shutdown(self) -> None:
         await self.health.stop()
         await self.shadower.stop()
+        if self.key_sync is not None:
+            await self.key_sync.stop()
         if self.shared is not None:
             await self.shared.stop()
         if self.session is not None:
@@ -156,6 +166,7 @@ class Gateway:
         """A proxied request, step by step. A step that refuses it raises a GatewayError (an OpenAI error)."""
         t0 = time.monotonic()
         key = self.authenticate(scope)
+        await self.check_budget(key)
         req = ProxiedRequest.parse(path, await read_body(receive), self.fleet.gateway.default_max_tokens)
         rt = self.model_for(req, key)
         await self.input_guardrails(rt, req)
@@ -174,7 +185,18 @@ class Gateway:
         if rec is None:
             raise GatewayError(401, "a valid API key is required (Authorization: Bearer sk-argosy-...)",
                                "authentication_error", "invalid_api_key")
+        if rec.expired():
+            raise GatewayError(401, f"the API key {rec.name!r} has expired", "authentication_error", "key_expired")
         return rec
+
+    async def check_budget(self, key: KeyRecord | None) -> None:
+        """429 insufficient_quota once a key's spend reached its budget (as OpenAI answers a spent quota)."""
+        if key is None or key.budget_usd is None:
+            return
+        spent = (await self.limiter.get_usage(key.name))["spend_micro_usd"] / 1e6
+        if spent >= key.budget_usd:
+            raise GatewayError(429, f"the API key {key.name!r} has spent its budget (${spent:.4f} of "
+                               f"${key.budget_usd:g})", "insufficient_quota", "insufficient_quota")
 
     def model_for(self, req: ProxiedRequest, key: KeyRecord | None) -> ModelRuntime:
         rt = self.models.get(req.model)
@@ -262,7 +284,7 @@ class Gateway:
             self.m.e2e.labels(rt.name, call.route, call.upstream).observe(time.monotonic() - call.t0)
             if call.shadow_out is not None and not call.shadow_out.done():
                 call.shadow_out.set_result((call.output, call.stream))
-            await account(self.limiter, key, call, req)
+            await account(self.limiter, key, call, req, self.prices)
 
     def log_response(self, rt: ModelRuntime, call: Call) -> None:
         if rt.cfg.debug or self.log_content:
@@ -289,6 +311,7 @@ ROUTES: dict[tuple[str, str], Handler] = {
 }
 PREFIX_ROUTES: list[tuple[str, str, Handler]] = [  # a path under a folder: the handler reads the rest
     ("DELETE", "/admin/keys/", admin.revoke_key),
+    ("POST", "/admin/keys/", admin.rotate_key),
     ("GET", "/dashboard/", dashboard.static_file),
 ]
 

@@ -1,4 +1,4 @@
-"""`argosy gateway --config fleet.yaml` and `argosy keys add NAME --config fleet.yaml`.
+"""`argosy gateway --config fleet.yaml` (`argosy keys` is keys_cli.py).
 
 Safe default: with no keys configured the gateway needs no key, so it only binds a loopback
 address; binding anything else without keys is refused unless --insecure. Beyond loopback, admin
@@ -10,13 +10,10 @@ from __future__ import annotations
 import argparse
 import socket
 import sys
-from pathlib import Path
-
-import yaml
 
 from argosy.config import FleetConfigError, load_fleet, parse_fleet
+from argosy.gateway import local_admin
 from argosy.gateway.admin import is_loopback
-from argosy.gateway.keys import new_key
 from argosy.observe.logs import add_logging_arguments, setup_logging
 
 
@@ -85,7 +82,9 @@ def run_gateway(args: argparse.Namespace) -> int:
         return 2
     sock, url = bound
     print(f"argosy gateway listening on {url}", flush=True)
-    return serve_on(Gateway(fleet), fleet, sock)
+    gateway = Gateway(fleet)
+    gateway.local_admin_digest = local_admin.issue(url)  # `argosy keys` on this machine (local_admin.py)
+    return serve_on(gateway, fleet, sock)
 
 
 def serve_on(app, fleet, sock: socket.socket) -> int:
@@ -100,45 +99,4 @@ def serve_on(app, fleet, sock: socket.socket) -> int:
                          ssl_keyfile=tls.key, timeout_graceful_shutdown=5, log_config=None, proxy_headers=False,
                          server_header=False)
     uvicorn.Server(cfg).run(sockets=[sock])
-    return 0
-
-
-def add_keys_arguments(parser: argparse.ArgumentParser) -> None:
-    sub = parser.add_subparsers(dest="keys_command", required=True)
-    add = sub.add_parser("add", help="create a key: prints it once, stores only its hash in the fleet file")
-    add.add_argument("name")
-    add.add_argument("--config", required=True, help="fleet file to add the key to (created if missing)")
-    add.add_argument("--models", help="comma-separated models the key may use (default: all)")
-    add.add_argument("--rpm", type=int, help="requests per minute")
-    add.add_argument("--tpm", type=int, help="tokens per minute")
-    add.add_argument("--priority", choices=["interactive", "batch"], default="interactive")
-    add.add_argument("--admin", action="store_true", help="make this the admin key (admin_key_hash)")
-
-
-def run_keys(args: argparse.Namespace) -> int:
-    path = Path(args.config)
-    data = (yaml.safe_load(path.read_text()) if path.exists() else None) or {}
-    key, h = new_key()
-    if args.admin:
-        data["admin_key_hash"] = h
-    else:
-        entry = {"name": args.name, "hash": h, "priority": args.priority}
-        if args.models:
-            entry["models"] = [m.strip() for m in args.models.split(",") if m.strip()]
-        for f in ("rpm", "tpm"):
-            if getattr(args, f):
-                entry[f] = getattr(args, f)
-        keys = data.setdefault("keys", []) or []
-        if any(k.get("name") == args.name for k in keys):
-            print(f"argosy keys: a key named {args.name!r} already exists in {path}", file=sys.stderr)
-            return 2
-        data["keys"] = [*keys, entry]
-    try:
-        parse_fleet(data, str(path))
-    except FleetConfigError as e:
-        print(f"argosy keys: {e}", file=sys.stderr)
-        return 2
-    path.write_text(yaml.safe_dump(data, sort_keys=False))  # note: rewriting drops YAML comments
-    print(key)
-    print(f"(shown once; {path} stores only its hash)", file=sys.stderr)
     return 0

@@ -8,9 +8,12 @@ on a digest, which leaks nothing about the secret through timing.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import hmac
+import json
 import secrets
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -27,14 +30,31 @@ class KeyRecord:
     rpm: int | None = None
     tpm: int | None = None
     priority: str = "interactive"
+    budget_usd: float | None = None  # spend (the price book's rates) past which the key gets 429
+    expires_at: float | None = None  # Unix time after which the key gets 401
+    source: str = "fleet"  # fleet (the fleet file) or admin (added at run time)
+    created_at: float | None = None
 
     @classmethod
     def from_config(cls, k: KeyConfig) -> KeyRecord:
-        return cls(k.name, k.hash, k.models, k.rpm, k.tpm, k.priority)
+        expires = k.expires_at.timestamp() if k.expires_at is not None else None
+        return cls(k.name, k.hash, k.models, k.rpm, k.tpm, k.priority, k.budget_usd, expires)
 
     def public(self) -> dict:
         return {"name": self.name, "models": self.models, "rpm": self.rpm, "tpm": self.tpm,
-                "priority": self.priority}
+                "priority": self.priority, "budget_usd": self.budget_usd, "expires_at": self.expires_at,
+                "source": self.source, "created_at": self.created_at}
+
+    def expired(self, now: float | None = None) -> bool:
+        return self.expires_at is not None and (now or time.time()) >= self.expires_at
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> KeyRecord:
+        fields = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in json.loads(text).items() if k in fields})
 
 
 def new_key() -> tuple[str, str]:
@@ -94,6 +114,20 @@ class KeyStore:
                 self.verified = {d: r for d, r in self.verified.items() if r.name != name}
                 return True
         return False
+
+    def replace_all(self, keys: list[KeyRecord]) -> None:
+        """The whole set at once (a reload): verified keys that are gone or changed are forgotten."""
+        by_id = {}
+        for k in keys:
+            kid = hash_id(k.hash)
+            if kid is not None:
+                by_id[kid] = k
+        self.by_id = by_id
+        live = {id(k) for k in by_id.values()}
+        self.verified = {d: r for d, r in self.verified.items() if id(r) in live}
+
+    def named(self, name: str) -> KeyRecord | None:
+        return next((k for k in self.by_id.values() if k.name == name), None)
 
     @property
     def empty(self) -> bool:

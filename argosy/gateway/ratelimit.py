@@ -52,6 +52,9 @@ return 0
 """
 
 
+USAGE_FIELDS = ("requests", "tokens", "input_tokens", "output_tokens", "spend_micro_usd")
+
+
 class MemoryLimiter:
     def __init__(self) -> None:
         self.buckets: dict[tuple[str, str], list[float]] = {}  # (key, kind) -> [level, ts]
@@ -86,13 +89,14 @@ class MemoryLimiter:
             now = time.monotonic()
             self.buckets[(name, "tpm")] = [min(tpm, self._level(name, "tpm", tpm, now) + delta), now]
 
-    async def count(self, name: str, requests: int, tokens: int) -> None:
-        u = self.usage.setdefault(name, {"requests": 0, "tokens": 0})
-        u["requests"] += requests
-        u["tokens"] += tokens
+    async def count(self, name: str, requests: int, tokens: int, **split: int) -> None:
+        """Usage counters: requests, tokens, and (split) input_tokens, output_tokens, spend_micro_usd."""
+        u = self.usage.setdefault(name, dict.fromkeys(USAGE_FIELDS, 0))
+        for field, n in {"requests": requests, "tokens": tokens, **split}.items():
+            u[field] += n
 
     async def get_usage(self, name: str) -> dict[str, int]:
-        return dict(self.usage.get(name, {"requests": 0, "tokens": 0}))
+        return dict(self.usage.get(name, dict.fromkeys(USAGE_FIELDS, 0)))
 
 
 class RedisLimiter:
@@ -110,12 +114,13 @@ class RedisLimiter:
         if tpm and delta:
             await self._adjust(keys=[f"{self.p}rl:{name}:tpm"], args=[tpm, delta])
 
-    async def count(self, name: str, requests: int, tokens: int) -> None:
+    async def count(self, name: str, requests: int, tokens: int, **split: int) -> None:
         pipe = self.r.pipeline(transaction=False)
-        pipe.hincrby(f"{self.p}usage:{name}", "requests", requests)
-        pipe.hincrby(f"{self.p}usage:{name}", "tokens", tokens)
+        for field, n in {"requests": requests, "tokens": tokens, **split}.items():
+            if n:
+                pipe.hincrby(f"{self.p}usage:{name}", field, n)
         await pipe.execute()
 
     async def get_usage(self, name: str) -> dict[str, int]:
         v = await self.r.hgetall(f"{self.p}usage:{name}")
-        return {"requests": int(v.get(b"requests", 0)), "tokens": int(v.get(b"tokens", 0))}
+        return {field: int(v.get(field.encode(), 0)) for field in USAGE_FIELDS}

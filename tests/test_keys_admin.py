@@ -1,0 +1,106 @@
+"""`argosy keys` against running gateways: a key works at once, a revoked or rotated one is refused at once on
+two gateways sharing a real Redis, and `list` shows each key's usage and spend."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import stat
+
+import httpx
+import pytest
+
+from argosy.gateway.keys import new_key
+from argosy.gateway.keys_cli import add_keys_arguments, run_keys
+from tests.gateway_fixtures import start_gateway, start_redis, start_upstream
+
+
+def keys(capsys, monkeypatch, admin_file, *argv: str) -> tuple[int, str, str]:
+    monkeypatch.setenv("ARGOSY_ADMIN_FILE", admin_file)
+    monkeypatch.delenv("ARGOSY_ADMIN_KEY", raising=False)
+    parser = argparse.ArgumentParser()
+    add_keys_arguments(parser)
+    code = run_keys(parser.parse_args(argv))
+    out = capsys.readouterr()
+    return code, out.out.strip(), out.err
+
+
+def post(url: str, key: str) -> httpx.Response:
+    return httpx.post(url + "/v1/chat/completions", headers={"authorization": f"Bearer {key}"}, timeout=30,
+                      json={"model": "m", "messages": [{"role": "user", "content": "hello there"}], "max_tokens": 4})
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory):
+    """Two gateways on one Redis, each with its own local admin credential; the fleet file has one key."""
+    folder = tmp_path_factory.mktemp("keys")
+    redis, redis_url = start_redis()
+    up = start_upstream("u")
+    ops_key, ops_hash = new_key()
+    cfg = {"gateway": {"redis_url": redis_url}, "keys": [{"name": "ops", "hash": ops_hash}],
+           "models": [{"name": "m", "upstreams": [up.url]}]}
+    files = [str(folder / f"admin-{i}.json") for i in (0, 1)]
+    gateways = []
+    try:
+        for f in files:
+            gateways.append(start_gateway(cfg, env={"ARGOSY_ADMIN_FILE": f}))
+        yield gateways, files, ops_key
+    finally:
+        for g in gateways:
+            g.stop()
+        up.stop()
+        redis.kill()
+        redis.wait()
+
+
+def test_add_works_at_once_on_both_gateways_and_list_shows_usage(fleet, capsys, monkeypatch):
+    (a, b), (file_a, _), _ = fleet
+    assert stat.S_IMODE(os.stat(file_a).st_mode) == 0o600  # the local admin credential: its owner's only
+    code, key, err = keys(capsys, monkeypatch, file_a, "add", "team", "--budget", "5", "--expires", "30d")
+    assert code == 0 and key.startswith("sk-argosy-") and "every gateway" in err
+    assert post(a.url, key).status_code == 200 and post(b.url, key).status_code == 200
+    assert post(b.url, key).status_code == 200
+    code, table, _ = keys(capsys, monkeypatch, file_a, "list")
+    row = next(line.split() for line in table.splitlines() if line.startswith("team "))
+    requests, tokens_in, tokens_out, spend = row[-4:]
+    assert (requests, int(tokens_in) > 0, int(tokens_out) > 0, float(spend) > 0) == ("3", True, True, True)
+    assert any(line.startswith("ops ") for line in table.splitlines())  # the fleet file's key too
+
+
+def test_revoke_and_rotate_take_effect_at_once_on_the_other_gateway(fleet, capsys, monkeypatch):
+    (a, b), (file_a, file_b), ops_key = fleet
+    _, key, _ = keys(capsys, monkeypatch, file_a, "add", "short-lived")
+    assert post(b.url, key).status_code == 200
+    assert keys(capsys, monkeypatch, file_a, "revoke", "short-lived")[0] == 0
+    assert post(b.url, key).status_code == 401 and post(a.url, key).status_code == 401
+    # A fleet-file key rotated through the other gateway: the old secret stops everywhere, the new one works.
+    code, new, _ = keys(capsys, monkeypatch, file_b, "rotate", "ops")
+    assert code == 0 and new != ops_key
+    assert post(a.url, ops_key).status_code == 401 and post(a.url, new).status_code == 200
+    assert post(b.url, new).status_code == 200
+
+
+def test_expiry_budget_and_an_admin_api_closed_to_others(fleet, capsys, monkeypatch):
+    (a, b), (file_a, _), _ = fleet
+    _, expired, _ = keys(capsys, monkeypatch, file_a, "add", "expired", "--expires", "0m")
+    r = post(b.url, expired)
+    assert r.status_code == 401 and r.json()["error"]["code"] == "key_expired"
+    _, tiny, _ = keys(capsys, monkeypatch, file_a, "add", "tiny", "--budget", "0.0000001")
+    assert post(a.url, tiny).status_code == 200  # nothing spent yet
+    r = post(b.url, tiny)
+    assert r.status_code == 429 and r.json()["error"]["code"] == "insufficient_quota"
+    # Keys exist and no admin key is set: without the local credential the admin API says what to do.
+    r = httpx.get(a.url + "/admin/keys", timeout=10)
+    assert r.status_code == 403 and "local admin credential" in r.json()["error"]["message"]
+
+
+def test_offline_and_unreachable_say_what_to_do(tmp_path, capsys, monkeypatch):
+    missing = str(tmp_path / "none.json")
+    code, _, err = keys(capsys, monkeypatch, missing, "list")
+    assert code == 2 and "argosy serve" in err and "--offline" in err and "Traceback" not in err
+    fleet_file = tmp_path / "fleet.yaml"
+    code, key, err = keys(capsys, monkeypatch, missing, "add", "x", "--config", str(fleet_file), "--offline")
+    assert code == 0 and key.startswith("sk-argosy-") and "restart the gateway" in err
+    fleet_file.write_text("gateway:\n  port: 8000\n  host: a: b\n")  # a colon too many, line 3
+    code, _, err = keys(capsys, monkeypatch, missing, "list", "--config", str(fleet_file), "--offline")
+    assert code == 2 and f"{fleet_file}:3:" in err and "YAML syntax error" in err and len(err.splitlines()) == 1
