@@ -110,13 +110,24 @@ def _jobs_factory(args: argparse.Namespace) -> Callable[[int | None], Any]:
     return wl.jobs
 
 
-def _first_model(base_url: str, api_key: str | None) -> str:
+def _first_model(base_url: str, api_key: str | None, need: bool = True) -> str | None:
+    """The server's first model (its /v1/models); checks the server answers at all before any load is sent.
+    An unreachable URL is a ValueError (one line), not a traceback."""
     import httpx
 
     base = base_url.rstrip("/").removesuffix("/v1")
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    data = httpx.get(f"{base}/v1/models", headers=headers, timeout=10).json()["data"]
-    return data[0]["id"]
+    try:
+        r = httpx.get(f"{base}/v1/models", headers=headers, timeout=10)
+    except httpx.HTTPError as e:
+        reason = str(e) or type(e).__name__
+        raise ValueError(f"cannot reach {base} ({reason}): is the server running, and is the URL right?") from None
+    if not need:
+        return None
+    try:
+        return r.json()["data"][0]["id"]
+    except (ValueError, KeyError, IndexError, TypeError):
+        raise ValueError(f"{base}/v1/models answered {r.status_code} without a model: pass --model") from None
 
 
 def _run_async(coro_fn: Callable[[], Coroutine[Any, Any, Any]]) -> Any:
@@ -148,7 +159,7 @@ def _bench(args: argparse.Namespace) -> int:
     levels = _levels(args)
     if args.duration is None and args.num_requests is None and not args.trace:
         args.num_requests = 100
-    model = args.model or _first_model(args.url, args.api_key)
+    model = _first_model(args.url, args.api_key, need=not args.model) or args.model
     ep = Endpoint(args.url, model, args.endpoint, args.api_key, args.ignore_eos, args.temperature, args.timeout,
                   args.extra_body)
     jobs = _jobs_factory(args)

@@ -18,7 +18,13 @@ def add_status_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run_status(args: argparse.Namespace) -> int:
-    headers = {"authorization": f"Bearer {args.admin_key}"} if args.admin_key else {}
+    from argosy.gateway import local_admin
+
+    key = args.admin_key
+    cred = local_admin.read()
+    if key is None and cred is not None and cred.get("url", "").rstrip("/") == args.url.rstrip("/"):
+        key = cred["key"]  # `argosy serve` on this machine: its local admin credential
+    headers = {"authorization": f"Bearer {key}"} if key else {}
     try:
         r = httpx.get(args.url.rstrip("/") + "/admin/fleet", headers=headers, timeout=10)
     except httpx.HTTPError as e:

@@ -11,6 +11,7 @@ import argparse
 import socket
 import sys
 
+from argosy.bind_errors import port_problem
 from argosy.config import FleetConfigError, load_fleet, parse_fleet
 from argosy.gateway import local_admin
 from argosy.gateway.admin import is_loopback
@@ -61,7 +62,12 @@ def bind(fleet, args: argparse.Namespace, prog: str) -> tuple[socket.socket, str
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        print(f"{prog}: cannot listen on {host}:{port}: {port_problem(e, port)}", file=sys.stderr)
+        return None
     sock.listen(4096)  # connections wait in the backlog until the app has started
     scheme = "https" if gw.tls.cert else "http"
     shown = f"[{host}]" if family == socket.AF_INET6 else host

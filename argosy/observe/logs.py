@@ -22,7 +22,7 @@ import sys
 import uuid
 from dataclasses import dataclass
 
-FORMATS = ("json", "text")
+FORMATS = ("auto", "json", "text")  # auto: text on a terminal, JSON otherwise (files, pipes, collectors)
 LEVELS = ("debug", "info", "warning", "error", "critical")
 ACCESS = logging.getLogger("argosy.access")
 _VALID_ID = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
@@ -130,13 +130,15 @@ def _json_object(msg: str) -> dict | None:
     return obj if isinstance(obj, dict) else None
 
 
-def setup_logging(fmt: str = "json", level: str = "info", log_requests: bool = False) -> None:
+def setup_logging(fmt: str = "auto", level: str = "info", log_requests: bool = False) -> None:
     """Root logger -> stderr in `fmt`; replaces earlier handlers (idempotent). Raises ValueError on bad input."""
     if fmt not in FORMATS:
         raise ValueError(f"--log-format must be one of {', '.join(FORMATS)}, not {fmt!r}")
     lvl = logging.getLevelName(level.upper())
     if not isinstance(lvl, int):
         raise ValueError(f"--log-level must be debug, info, warning, error or critical, not {level!r}")
+    if fmt == "auto":
+        fmt = "text" if sys.stderr.isatty() else "json"
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
     root = logging.getLogger()
@@ -150,8 +152,8 @@ def setup_logging(fmt: str = "json", level: str = "info", log_requests: bool = F
 
 def add_logging_arguments(parser, log_level: bool = True) -> None:
     """--log-format, --log-requests (and --log-level unless the command has its own)."""
-    parser.add_argument("--log-format", default="json", choices=FORMATS,
-                        help="json: one JSON object per line on stderr (default); text: for a terminal")
+    parser.add_argument("--log-format", default="auto", choices=FORMATS,
+                        help="auto (default): text when stderr is a terminal, else json (one JSON object per line)")
     if log_level:
         parser.add_argument("--log-level", default="info", type=str.lower, choices=LEVELS)
     parser.add_argument("--log-requests", action="store_true",

@@ -86,7 +86,12 @@ def run_engine_server(args: argparse.Namespace) -> None:
 
     # A sub-command may set its own default with set_defaults(port_default=...) (`argosy serve`: 8000).
     port = args.port if args.port is not None else getattr(args, "port_default", DEFAULT_PORT)
-    sock = _bind(args.host, port)
+    try:
+        sock = _bind(args.host, port)
+    except OSError as e:
+        from argosy.bind_errors import port_problem
+
+        raise SystemExit(f"argosy engine: cannot listen on {args.host}:{port}: {port_problem(e, port)}") from None
     host, port = sock.getsockname()[:2]
     url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
     failures: list[BaseException] = []

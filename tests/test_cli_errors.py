@@ -1,0 +1,87 @@
+"""A person's common mistakes get one clear line and a non-zero exit, never a traceback."""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from argosy.observe.logs import JsonFormatter, TextFormatter, setup_logging
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def argosy(*argv: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", "argosy.cli", *argv], capture_output=True, text=True,
+                          timeout=timeout, env=env, cwd=ROOT, stdin=subprocess.DEVNULL)
+
+
+def one_line(err: str) -> str:
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+@pytest.fixture
+def busy_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(1)
+        yield s.getsockname()[1]
+
+
+def test_gateway_on_a_port_in_use(busy_port):
+    done = argosy("gateway", "--port", str(busy_port))
+    assert done.returncode != 0
+    assert "already in use" in one_line(done.stderr) and f":{busy_port}" in done.stderr
+
+
+def test_engine_on_a_port_in_use(busy_port, tiny_llama):
+    done = argosy("engine", "--model", tiny_llama, "--port", str(busy_port))
+    assert done.returncode != 0
+    assert "already in use" in one_line(done.stderr)
+
+
+def test_yaml_syntax_error_names_file_and_line(tmp_path):
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text("gateway:\n  port: 0\nmodels:\n  - name: m\n    upstreams: [http://127.0.0.1:1\n")
+    done = argosy("gateway", "--config", str(fleet))
+    assert done.returncode == 2
+    line = one_line(done.stderr)
+    assert f"{fleet}:" in line and "YAML syntax error" in line and "line 5" in line
+
+
+def test_bench_against_an_unreachable_url():
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    done = argosy("bench", "--url", f"http://127.0.0.1:{port}", "--num-requests", "1", "--concurrency", "1",
+                  "--model", "m")
+    assert done.returncode != 0
+    assert "cannot reach" in one_line(done.stderr)
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.mark.parametrize("stream, fmt, formatter", [(io.StringIO(), "auto", JsonFormatter),
+                                                    (_Terminal(), "auto", TextFormatter),
+                                                    (_Terminal(), "json", JsonFormatter)])
+def test_logs_are_text_on_a_terminal_and_json_otherwise(monkeypatch, stream, fmt, formatter):
+    monkeypatch.setattr(sys, "stderr", stream)
+    root = logging.getLogger()
+    saved = list(root.handlers), root.level
+    try:
+        setup_logging(fmt)
+        assert isinstance(root.handlers[0].formatter, formatter)
+    finally:
+        root.handlers[:], root.level = saved
