@@ -65,6 +65,9 @@ def test_add_works_at_once_on_both_gateways_and_list_shows_usage(fleet, capsys, 
     requests, tokens_in, tokens_out, spend = row[-4:]
     assert (requests, int(tokens_in) > 0, int(tokens_out) > 0, float(spend) > 0) == ("3", True, True, True)
     assert any(line.startswith("ops ") for line in table.splitlines())  # the fleet file's key too
+    dashboard = httpx.get(b.url + "/dashboard/data", timeout=30).json()  # usage is shared through Redis
+    team = next(k for k in dashboard["keys"] if k["name"] == "team")
+    assert team["requests"] == 3 and team["output_tokens"] > 0 and team["spend_usd"] > 0 and team["budget_usd"] == 5
 
 
 def test_revoke_and_rotate_take_effect_at_once_on_the_other_gateway(fleet, capsys, monkeypatch):

@@ -1,8 +1,9 @@
 """The live dashboard, served by the gateway (docs/observe.md).
 
     GET /dashboard            the page (argosy/observe/static/index.html); it polls /dashboard/data every 2 s
-    GET /dashboard/data       JSON: models, replicas with state and load, autoscaler decisions, time series
-                              (the admin key when the gateway listens beyond loopback: it names replicas)
+    GET /dashboard/data       JSON: models, replicas with state and load, autoscaler decisions, time series,
+                              each API key's usage and spend (the admin key when the gateway listens beyond
+                              loopback: it names replicas and keys)
     GET /dashboard/<file>     the page's script and styles and the vendored uPlot (MIT), from the package
 
 Charts come from uPlot, vendored into argosy/observe/static/ (no CDN: a fleet often has no internet). The
@@ -43,8 +44,21 @@ async def static_file(gw: Gateway, scope: Scope, receive: Receive, send: Send) -
 
 
 async def data(gw: Gateway, scope: Scope, receive: Receive, send: Send) -> None:
-    require_admin_beyond_loopback(gw, scope)  # it lists replica URLs; the page itself stays open
-    await respond(send, 200, json.dumps(await snapshot(gw)).encode())
+    require_admin_beyond_loopback(gw, scope)  # it lists replica URLs and key names; the page itself stays open
+    body = await snapshot(gw)
+    body["keys"] = await key_usage(gw)
+    await respond(send, 200, json.dumps(body).encode())
+
+
+async def key_usage(gw: Gateway) -> list[dict[str, Any]]:
+    """Each API key: requests, input and output tokens, spend (the price book's served_prices), budget."""
+    out = []
+    for k in sorted(gw.keys.by_id.values(), key=lambda k: k.name):
+        u = await gw.limiter.get_usage(k.name)
+        out.append({"name": k.name, "requests": u["requests"], "input_tokens": u["input_tokens"],
+                    "output_tokens": u["output_tokens"], "spend_usd": u["spend_micro_usd"] / 1e6,
+                    "budget_usd": k.budget_usd, "expires_at": k.expires_at})
+    return out
 
 
 async def snapshot(gw: Gateway) -> dict[str, Any]:

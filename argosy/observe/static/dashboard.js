@@ -94,6 +94,18 @@ function askForKey() {
   document.querySelector("header").appendChild(form);
 }
 
+function renderKeys(keys) {
+  const section = document.getElementById("keys");
+  section.hidden = !keys || !keys.length;
+  if (section.hidden) return;
+  const usd = (x) => x == null ? null : "$" + x.toFixed(4);
+  const rows = keys.map((k) => "<tr>" + cell(esc(k.name)) + cell(k.requests, "num") + cell(k.input_tokens, "num") +
+    cell(k.output_tokens, "num") + cell(usd(k.spend_usd), "num") + cell(usd(k.budget_usd), "num") +
+    cell(k.expires_at == null ? null : esc(new Date(k.expires_at * 1000).toISOString().slice(0, 16).replace("T", " ")) + " UTC") +
+    "</tr>").join("");
+  section.querySelector("tbody").innerHTML = rows;
+}
+
 async function poll() {
   const status = document.getElementById("status");
   try {
@@ -108,6 +120,7 @@ async function poll() {
     const d = await r.json();
     renderModels(d.models);
     renderDecisions(d.decisions);
+    renderKeys(d.keys);
     for (const el of document.querySelectorAll(".chart")) draw(el, d.t, chartSeries(el.dataset.chart, d.series));
     polls += 1;
     document.body.dataset.polls = String(polls);
