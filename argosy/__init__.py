@@ -2,8 +2,9 @@
 
 from argosy.engine.outputs import CompletionOutput, Logprob, RequestOutput
 from argosy.engine.sampling_params import SamplingParams
+from argosy.engine.structured.params import StructuredOutputsParams
 
-__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "Logprob"]
+__all__ = ["LLM", "SamplingParams", "StructuredOutputsParams", "RequestOutput", "CompletionOutput", "Logprob"]
 __version__ = "0.1.0"
 
 

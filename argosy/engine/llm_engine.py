@@ -22,7 +22,8 @@ from argosy.engine.sampler import Sampler
 from argosy.engine.sampling_params import SamplingParams
 from argosy.engine.scheduler import Scheduler, SchedulerOutput
 from argosy.engine.sequence import Sequence, SequenceStatus
-from argosy.engine.structured import GrammarCompiler, SequenceGrammar
+from argosy.engine.structured.compiler import GrammarCompiler
+from argosy.engine.structured.matcher import SequenceGrammar
 
 
 class LLMEngine:

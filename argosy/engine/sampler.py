@@ -97,7 +97,7 @@ class Sampler:
                         min_tok_rows: list[int]) -> None:
         """In place: each constrained row keeps only the tokens its grammar allows next."""
         if self._bitmask is None:
-            from argosy.engine.structured import GrammarBitmask
+            from argosy.engine.structured.matcher import GrammarBitmask
 
             self._bitmask = GrammarBitmask(self.vocab_size)
         matchers = [seqs[i].grammar.matcher for i in rows]

@@ -2,11 +2,9 @@
 
 params.py checks what a request asks for; compiler.py compiles it against the vocabulary off the engine's
 step; matcher.py follows each sequence and masks the batch's logits. The grammar engine is xgrammar.
+Only params is imported here: `import argosy` stays free of torch and the grammar engine.
 """
 
-from argosy.engine.structured.compiler import GrammarCompiler
-from argosy.engine.structured.matcher import GrammarBitmask, SequenceGrammar
 from argosy.engine.structured.params import StructuredOutputsError, StructuredOutputsParams
 
-__all__ = ["GrammarBitmask", "GrammarCompiler", "SequenceGrammar", "StructuredOutputsError",
-           "StructuredOutputsParams"]
+__all__ = ["StructuredOutputsError", "StructuredOutputsParams"]
