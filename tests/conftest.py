@@ -17,3 +17,15 @@ def tiny_llama(tmp_path_factory):
     from argosy.engine.random_model import make_random_model
 
     return str(make_random_model(tmp_path_factory.mktemp("tiny-llama"), arch="llama", init_std=0.2))
+
+
+@pytest.fixture(scope="session")
+def tool_model_server(tmp_path_factory):
+    """One engine server for the structured-output and tool-calling tests: a tiny random-weight Qwen2 whose
+    chat template writes tools (tests/structured_fixtures.py)."""
+    from tests.server_fixtures import ServerProcess
+    from tests.structured_fixtures import make_tool_model
+
+    model = make_tool_model(tmp_path_factory.mktemp("tool-model"))
+    with ServerProcess(model, "--max-model-len", "1024", "--revision", "r7") as server:
+        yield server

@@ -12,8 +12,7 @@ import openai
 import pytest
 from pydantic import BaseModel, Field
 
-from tests.server_fixtures import MODEL_NAME, ServerProcess
-from tests.structured_fixtures import make_tool_model
+from tests.server_fixtures import MODEL_NAME
 
 # Bounded strings, numbers and arrays: a random model fills a free string until max_tokens.
 PERSON = {
@@ -46,10 +45,8 @@ class Person(BaseModel):
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    with ServerProcess(make_tool_model(tmp_path_factory.mktemp("tool-model")), "--max-model-len", "512",
-                       "--revision", "r7") as s:
-        yield s
+def server(tool_model_server):
+    return tool_model_server
 
 
 @pytest.fixture(scope="module")
@@ -162,5 +159,5 @@ def test_invalid_specs_are_a_clear_400(client, server, body, param):
 
 def test_model_card_has_context_revision_and_kind(client):
     card = client.models.list().data[0]
-    assert (card.id, card.max_model_len, card.revision, card.kind) == (MODEL_NAME, 512, "r7", "generate")
+    assert (card.id, card.max_model_len, card.revision, card.kind) == (MODEL_NAME, 1024, "r7", "generate")
     assert card.root.endswith("tool-model0")  # the checkpoint served, as vLLM's root

@@ -12,8 +12,8 @@ import pytest
 
 from argosy.server.tool_formats import FORMATS, format_for_template
 from argosy.server.tools import ToolCallStream, ToolRequest
-from tests.server_fixtures import MODEL_NAME, ServerProcess
-from tests.structured_fixtures import TOOL_TEMPLATE, make_tool_model
+from tests.server_fixtures import MODEL_NAME
+from tests.structured_fixtures import TOOL_TEMPLATE
 
 WEATHER = {"type": "object", "properties": {"city": {"enum": ["Paris", "Oslo", "Lima"]},
                                             "unit": {"enum": ["C", "F"]}, "days": {"type": "integer", "minimum": 1,
@@ -29,9 +29,8 @@ MESSAGES = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    with ServerProcess(make_tool_model(tmp_path_factory.mktemp("tool-model")), "--max-model-len", "1024") as s:
-        yield s
+def server(tool_model_server):
+    return tool_model_server
 
 
 @pytest.fixture(scope="module")
