@@ -25,6 +25,11 @@ from pydantic import (
 from argosy.engine.config import EngineConfig
 from argosy.engine.settings import settings_of
 
+# Names come from the registries they select from (leaf modules: nothing they import imports this one).
+from argosy.fleet.scaling_metrics import METRIC_NAMES, METRICS
+from argosy.gateway.routing.presets import POLICY_NAMES, PRESETS
+from argosy.gateway.routing.scorers import SCORERS
+
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", protected_namespaces=())
@@ -108,7 +113,8 @@ EngineSection = _engine_section()
 
 
 class RoutingConfig(_Strict):
-    policy: Literal["round_robin", "least_load", "prefix", "length_classes", "session"] = "least_load"
+    policy: Literal[POLICY_NAMES] = "least_load"  # a preset of scorer weights (gateway/routing/presets.py)
+    scorers: dict[str, float] | None = None  # scorer weights instead of the policy's preset, e.g. {prefix: 2, load: 1}
     balance_abs: int = Field(32, ge=0)  # prefix: leave cache affinity when in-flight differs by more than this...
     balance_rel: float = Field(1.5, ge=1.0)  # ...and the chosen one has more than this times the idlest
     session_header: str = "x-session-id"
@@ -116,6 +122,26 @@ class RoutingConfig(_Strict):
     prefix_block_chars: int = Field(64, ge=8)  # prefix index granularity (about 16 tokens)
     prefix_max_blocks: int = Field(200_000, ge=1)  # index bound (all upstreams together) before LRU eviction
     prefix_ttl_s: float = Field(600.0, gt=0)  # an entry not used for this long is aged out
+
+    @field_validator("scorers")
+    @classmethod
+    def _known_scorers(cls, v: dict[str, float] | None) -> dict[str, float] | None:
+        for name, weight in (v or {}).items():
+            if name not in SCORERS:
+                raise ValueError(f"unknown scorer {name!r} (scorers: {', '.join(SCORERS)})")
+            if not weight >= 0 or weight == float("inf"):
+                raise ValueError(f"scorer {name!r}: weight {weight} must be a finite number >= 0")
+        return v
+
+    @model_validator(mode="after")
+    def _policy_or_scorers(self) -> RoutingConfig:
+        if self.scorers is not None and "policy" in self.model_fields_set:
+            raise ValueError("give routing.policy (a preset of weights) or routing.scorers (weights), not both")
+        return self
+
+    def scorer_weights(self) -> dict[str, float]:
+        """The weights routing uses: `scorers` if given, else the policy's preset."""
+        return dict(self.scorers if self.scorers is not None else PRESETS[self.policy])
 
 
 class LengthClass(_Strict):
@@ -127,7 +153,7 @@ class LengthClass(_Strict):
 class AutoscalingConfig(_Strict):
     min_replicas: int = Field(1, ge=0)
     max_replicas: int = Field(8, ge=1)
-    metric: Literal["concurrency", "rps", "kv_cache", "queue"] = "concurrency"
+    metric: Literal[METRIC_NAMES] = "concurrency"  # fleet/scaling_metrics.py
     target: float = Field(16, gt=0)
     target_utilization: float = Field(0.7, gt=0, le=1)
     stable_window_s: float = Field(60, gt=0)
@@ -147,8 +173,9 @@ class AutoscalingConfig(_Strict):
     def _bounds(self) -> AutoscalingConfig:
         if self.min_replicas > self.max_replicas:
             raise ValueError(f"min_replicas ({self.min_replicas}) exceeds max_replicas ({self.max_replicas})")
-        if self.metric == "kv_cache" and self.target > 1:
-            raise ValueError("with metric kv_cache, target is a fraction of the KV cache (0..1]")
+        metric = METRICS[self.metric]
+        if metric.max_target is not None and self.target > metric.max_target:
+            raise ValueError(f"with metric {metric.name}, target is {metric.target_unit} (0..{metric.max_target:g}]")
         return self
 
 

@@ -10,6 +10,10 @@ panic value at once and never scales down until the load has stayed under the th
 stable window. Each decision is bounded by the scale-up/down rates, held at the highest desired count
 of the last `scale_down_delay_s` (so a dip does not shed replicas), then by min/max replicas. After
 `scale_to_zero_after_s` with no load at all, the model goes to zero.
+
+The metric (fleet/scaling_metrics.py) turns an observation into a sample. A decision carries its `kind`
+(the rule that decided: stable, panic or idle) and `limited_by` (the bound that then moved the count,
+if any), for metrics and logs; `reason` is the same said for people.
 """
 
 from __future__ import annotations
@@ -21,14 +25,14 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 from argosy.config import AutoscalingConfig
+from argosy.fleet.scaling_metrics import METRICS, Observation
 
+__all__ = ["Autoscaler", "Decision", "Observation", "STABLE", "PANIC", "IDLE"]
 
-@dataclass(frozen=True)
-class Observation:
-    concurrency: float  # requests in flight or held at the gateway for this model
-    rps: float = 0.0  # requests finished per second since the last observation
-    queue: float = 0.0  # requests waiting (gateway queue + the replicas' vllm:num_requests_waiting)
-    kv_cache: float = 0.0  # mean KV-cache usage over the ready replicas, 0..1
+# Decision kinds: the bounded `reason` label of argosy_fleet_scaling_decisions_total.
+STABLE = "stable"  # the stable-window average decided
+PANIC = "panic"  # the panic-window average decided (no scale-down while panicking)
+IDLE = "idle"  # no load for scale_to_zero_after_s: zero replicas
 
 
 @dataclass(frozen=True)
@@ -42,7 +46,11 @@ class Decision:
     stable_value: float  # the metric averaged over each window
     panic_value: float
     metric: str
-    reason: str
+    reason: str  # for people, e.g. "stable: 3.00 over 60 s / 11.2 per replica"
+    kind: str = STABLE  # STABLE, PANIC or IDLE
+    # The bound that moved the count after the window's value: scale_up_rate, scale_down_rate,
+    # scale_down_delay, min_replicas or max_replicas (the last that did), or None.
+    limited_by: str | None = None
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -51,6 +59,7 @@ class Decision:
 class Autoscaler:
     def __init__(self, cfg: AutoscalingConfig, clock: Callable[[], float] = time.monotonic):
         self.cfg, self.clock = cfg, clock
+        self.metric = METRICS[cfg.metric]
         self.samples: deque[tuple[float, float]] = deque()  # (t, metric value in replica-sized units)
         self.recent: deque[tuple[float, int]] = deque()  # (t, desired) for the scale-down delay
         self.panic_since: float | None = None  # last time the panic threshold was exceeded, while panicking
@@ -58,19 +67,9 @@ class Autoscaler:
         self.last_active = clock()  # last observation with any load (scale to zero counts from here)
         self.last: Decision | None = None
 
-    def _value(self, o: Observation, ready: int) -> float:
-        m = self.cfg.metric
-        if m == "rps":
-            return o.rps
-        if m == "queue":
-            return o.queue
-        if m == "kv_cache":
-            return o.kv_cache * max(ready, 1)  # total KV in use, in replicas' worth
-        return o.concurrency
-
     def observe(self, o: Observation, ready: int = 1) -> None:
         now = self.clock()
-        self.samples.append((now, self._value(o, ready)))
+        self.samples.append((now, self.metric.value_fn(o, ready)))
         if o.concurrency > 0 or o.queue > 0 or o.rps > 0:
             self.last_active = now
         horizon = now - max(self.cfg.stable_window_s, self.cfg.panic_window_s)
@@ -94,32 +93,40 @@ class Autoscaler:
         elif self.panic_since is not None and now - self.panic_since >= c.stable_window_s:
             self.panic_since, self.max_panic = None, 0
         panicking = self.panic_since is not None
+        limited_by = None
         if panicking:
-            desired = max(want_panic, self.max_panic)  # never scale down while panicking
+            kind, desired = PANIC, max(want_panic, self.max_panic)  # never scale down while panicking
             self.max_panic = desired
             reason = f"panic: {panic_v:.2f} over {c.panic_window_s:g} s is >= {c.panic_threshold:g}x capacity"
         else:
-            desired = want_stable
+            kind, desired = STABLE, want_stable
             reason = f"stable: {stable:.2f} over {c.stable_window_s:g} s / {per:g} per replica"
         max_up = math.ceil(c.max_scale_up_rate * base)
         max_down = math.floor(base / c.max_scale_down_rate)
-        desired = min(max(desired, max_down), max_up)
+        if desired > max_up:
+            desired, limited_by = max_up, "scale_up_rate"
+        elif desired < max_down:
+            desired, limited_by = max_down, "scale_down_rate"
         self.recent.append((now, desired))
         while self.recent and self.recent[0][0] < now - c.scale_down_delay_s:
             self.recent.popleft()
         delayed = max(d for _, d in self.recent)
         if delayed > desired:
             reason += f"; held at {delayed} by scale_down_delay {c.scale_down_delay_s:g} s"
-            desired = delayed
+            desired, limited_by = delayed, "scale_down_delay"
         idle = now - self.last_active
         if c.scale_to_zero_after_s is not None and idle >= c.scale_to_zero_after_s and not panicking:
             desired, reason = 0, f"idle {idle:.1f} s >= scale_to_zero_after {c.scale_to_zero_after_s:g} s"
+            kind, limited_by = IDLE, None
         else:
             floor = c.min_replicas
             if c.scale_to_zero_after_s is not None:
                 floor = max(floor, 1)  # zero only after the idle time, never earlier
-            desired = min(max(desired, floor), c.max_replicas)
+            if desired < floor:
+                desired, limited_by = floor, "min_replicas"
+            elif desired > c.max_replicas:
+                desired, limited_by = c.max_replicas, "max_replicas"
         direction = "up" if desired > actual else "down" if desired < actual else "hold"
         self.last = Decision(now, desired, actual, ready, direction, panicking, round(stable, 4),
-                             round(panic_v, 4), c.metric, reason)
+                             round(panic_v, 4), c.metric, reason, kind, limited_by)
         return self.last

@@ -52,7 +52,3 @@ class FleetMetrics:
         self.unplaceable.labels(mc.name).set_function(lambda: 1 if mc.unplaceable else 0)
         self.held.labels(mc.name).set_function(lambda: mc.held)
 
-
-def reason_kind(reason: str) -> str:
-    """The bounded label for an autoscaler reason ("panic: 3.2 over 6 s ..." -> "panic"): the text varies."""
-    return reason.split(":", 1)[0].split(" ", 1)[0] or "unknown"

@@ -14,7 +14,7 @@ import aiohttp
 from argosy.config import ModelConfig
 from argosy.fleet.autoscaler import Autoscaler, Decision, Observation
 from argosy.fleet.engine_args import engine_args
-from argosy.fleet.metrics import FleetMetrics, reason_kind
+from argosy.fleet.metrics import FleetMetrics
 from argosy.fleet.placement import Need, Placer, Unplaceable
 from argosy.fleet.replica import DRAINING, FAILED, LIVE, READY, STARTING, STOPPED, WARMING, Replica, ReplicaSpec
 from argosy.fleet.seams import GatewayPort, ModelRoutes, ReplicaProvider
@@ -72,7 +72,7 @@ class ModelController:
     async def tick(self) -> None:
         ready = self.ready_routed()
         gauges = None
-        if self.a.metric in ("queue", "kv_cache"):
+        if self.scaler.metric.needs_scrape:
             gauges = await self.gateway.scraper.refresh(r.url for r in ready if r.url)
         self.scaler.observe(self.observe(ready, gauges), len(ready))
         active = [r for r in self.replicas.values() if not r.pooled and r.state in LIVE]
@@ -99,7 +99,7 @@ class ModelController:
 
     def record(self, d: Decision) -> None:
         prev = self.decisions[-1] if self.decisions else None
-        self.m.decisions.labels(self.name, d.direction, reason_kind(d.reason)).inc()
+        self.m.decisions.labels(self.name, d.direction, d.kind).inc()
         self.m.desired.labels(self.name).set(d.desired)
         self.m.panic.labels(self.name).set(1 if d.panic else 0)
         self.m.observed.labels(self.name, "stable").set(d.stable_value)

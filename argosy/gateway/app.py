@@ -121,7 +121,7 @@ class Gateway:
             await self.key_sync.start()
         self.health = HealthChecker(self.session, gw.health_interval_s, gw.health_timeout_s, self.scraper)
         scrape = {u.url for rt in self.models.values()
-                  if rt.cfg.routing.policy in ("least_load", "prefix", "length_classes", "session")
+                  if any(r.needs_gauges for r in rt.routers.values())
                   for u in rt.upstreams()}
         self.health.start(lambda: self.reg.by_url.values(), lambda u: u.url in scrape)
 

@@ -42,9 +42,11 @@ class Upstream:
         return self.in_flight + self.remote_in_flight
 
     def load(self) -> float:
-        # Requests dominate; tokens (per 2k) and the scraped queue/KV gauges break ties and
-        # account for traffic this gateway does not see.
-        return self.total_in_flight + self.tokens_in_flight / 2048 + self.waiting + self.kv_usage
+        """Requests on this upstream: in flight from this gateway and the others (via Redis), plus those
+        waiting in the replica's own queue (scraped vllm:num_requests_waiting; it also counts traffic no
+        gateway sent). One unit, requests: a queued request a gateway sent counts twice, so an upstream
+        that queues weighs more than one running as many. KV usage is the kv_cache scorer's."""
+        return self.total_in_flight + self.waiting
 
     def available(self, now: float | None = None) -> bool:
         if self.state == CLOSED:

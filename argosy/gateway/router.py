@@ -1,147 +1,67 @@
-"""Routing policies over one pool of upstreams (one model revision).
+"""The Router: one pool of upstreams (one model revision) and the routing pipeline over it.
 
-round_robin; least_load (in-flight requests and tokens from the gateway's own accounting, refreshed
-by scraped vllm:* gauges); prefix (longest cached prefix, behind a balance gate, else least load);
-session (consistent hashing with bounded load on a header or the `user` field); length_classes
-(pools by prompt length; also a pre-filter for any other policy when `length_classes` is set).
+choose() runs the filters (gateway/routing/filters.py), then, if more than one upstream is left, the
+scorers the model's routing weights name (routing/scorers.py; `routing.policy` is a preset of weights,
+routing/presets.py) and the picker (routing/picker.py); every scorer then hears which upstream won
+(the prefix scorer records it in the prefix index). Callers: the gateway's proxy and shadow traffic,
+and the simulator, which routes with this same code.
 """
 
 from __future__ import annotations
 
-import bisect
-import hashlib
-import math
-from dataclasses import dataclass, field
+from collections.abc import Collection
 
 from argosy.config import LengthClass, RoutingConfig
 from argosy.gateway.health import Upstream
-from argosy.gateway.prefix_index import PrefixIndex, prefix_hashes
+from argosy.gateway.prefix_index import PrefixIndex
+from argosy.gateway.routing.filters import default_filters
+from argosy.gateway.routing.picker import WeightedPicker
+from argosy.gateway.routing.request import GAUGES, PROMPT, RouteRequest
+from argosy.gateway.routing.scorers import SCORERS, ScorerContext
 
-RING_REPLICAS = 64  # virtual nodes per upstream on the session ring
-
-
-@dataclass
-class RouteRequest:
-    prompt_text: str
-    prompt_tokens: int  # estimate
-    session_key: str | None = None
-    hashes: list[bytes] | None = field(default=None, repr=False)
-
-
-def _h64(s: str) -> int:
-    return int.from_bytes(hashlib.blake2b(s.encode(), digest_size=8).digest(), "big")
+__all__ = ["RouteRequest", "Router"]
 
 
 class Router:
     def __init__(self, routing: RoutingConfig, length_classes: list[LengthClass] | None, index: PrefixIndex,
                  on_prefix_insert=None):
-        self.cfg = routing
-        self.policy = routing.policy
-        self.class_specs = length_classes or []
-        self.index = index
-        self.on_prefix_insert = on_prefix_insert  # shares inserts with other gateways (redis), if set
+        self.cfg, self.index = routing, index
+        ctx = ScorerContext(routing, index, on_prefix_insert)
+        weights = {name: w for name, w in routing.scorer_weights().items() if w > 0}
+        self.scorers = [SCORERS[name](ctx) for name in weights]
+        self.filters = default_filters(length_classes)
+        self.picker = WeightedPicker([(s, weights[s.name]) for s in self.scorers], routing.balance_abs,
+                                     routing.balance_rel)
+        self.needs: frozenset[str] = frozenset().union(*(s.needs for s in self.scorers))
         self.upstreams: list[Upstream] = []
-        self.classes: list[list[Upstream]] = []
-        self.ring: list[tuple[int, Upstream]] = []
-        self.ring_keys: list[int] = []
-        self.rr = 0
+
+    @property
+    def needs_gauges(self) -> bool:
+        """Whether a scorer reads the replicas' scraped vllm:* gauges (the gateway scrapes only then)."""
+        return GAUGES in self.needs
+
+    @property
+    def needs_prompt(self) -> bool:
+        return PROMPT in self.needs
 
     def set_upstreams(self, ups: list[Upstream]) -> None:
         self.upstreams = list(ups)
-        by_url = {u.url: u for u in ups}
-        self.classes = []
-        if self.class_specs:
-            rest = list(ups)
-            explicit = {url for c in self.class_specs for url in (c.upstreams or [])}
-            rest = [u for u in ups if u.url not in explicit]
-            for i, c in enumerate(self.class_specs):
-                if c.upstreams is not None:
-                    pool = [by_url[x] for x in c.upstreams if x in by_url]
-                elif i == len(self.class_specs) - 1:
-                    pool, rest = rest, []  # the longest class takes what is left (e.g. upstreams added later)
-                else:
-                    pool, rest = rest[:c.replicas], rest[c.replicas:]
-                self.classes.append(pool)
-        self.ring = sorted((_h64(f"{u.url}#{i}"), u) for u in ups for i in range(RING_REPLICAS))
-        self.ring_keys = [k for k, _ in self.ring]
+        for plugin in (*self.filters, *self.scorers):
+            plugin.set_upstreams(self.upstreams)
 
-    # ------------------------------------------------------------------ candidates
+    def candidates(self, req: RouteRequest, exclude: Collection[str] = frozenset()) -> list[Upstream]:
+        cands = self.upstreams
+        for f in self.filters:
+            cands = f.apply(req, cands, exclude)
+            if not cands:
+                break
+        return cands
 
-    def candidates(self, req: RouteRequest, exclude: set[str]) -> list[Upstream]:
-        if not self.classes:
-            return [u for u in self.upstreams if u.url not in exclude and u.available()]
-        k = next((i for i, c in enumerate(self.class_specs) if req.prompt_tokens <= c.max_prompt_tokens),
-                 len(self.class_specs) - 1)
-        # Own class first; if it has nothing live, longer classes (they can take short prompts),
-        # then shorter ones: availability beats isolation.
-        for i in [k, *range(k + 1, len(self.classes)), *range(k - 1, -1, -1)]:
-            c = [u for u in self.classes[i] if u.url not in exclude and u.available()]
-            if c:
-                return c
-        return []
-
-    def choose(self, req: RouteRequest, exclude: set[str] = frozenset()) -> Upstream | None:
+    def choose(self, req: RouteRequest, exclude: Collection[str] = frozenset()) -> Upstream | None:
         cands = self.candidates(req, exclude)
         if not cands:
             return None
-        if len(cands) == 1 and self.policy != "prefix":
-            return cands[0]
-        p = self.policy
-        if p == "round_robin":
-            self.rr += 1
-            return cands[self.rr % len(cands)]
-        if p == "prefix":
-            return self._prefix(req, cands)
-        if p == "session" and req.session_key:
-            return self._session(req.session_key, cands)
-        return self._least_load(cands)
-
-    def _least_load(self, cands: list[Upstream]) -> Upstream:
-        self.rr += 1
-        s = self.rr % len(cands)  # rotate so ties do not always go to the first upstream
-        return min(cands[s:] + cands[:s], key=Upstream.load)
-
-    def _prefix(self, req: RouteRequest, cands: list[Upstream]) -> Upstream:
-        if req.hashes is None:
-            req.hashes = prefix_hashes(req.prompt_text, self.cfg.prefix_block_chars)
-        matched = self.index.match(req.hashes, [u.url for u in cands]) if req.hashes else {}
-        min_load = min(u.total_in_flight for u in cands)
-        a, r = self.cfg.balance_abs, self.cfg.balance_rel
-
-        def gate_ok(u: Upstream) -> bool:  # balance gate: affinity never piles onto a hot upstream
-            n = u.total_in_flight
-            return not (n - min_load > a and n > r * min_load)
-
-        best, best_key = None, None
-        for u in cands:
-            m = matched.get(u.url, 0)
-            if m == 0 or not gate_ok(u):
-                continue
-            key = (m, -u.load())
-            if best_key is None or key > best_key:
-                best, best_key = u, key
-        # No usable affinity: least load, then the upstream the index guesses holds the least cache,
-        # so new prefixes (tenants) spread out instead of evicting each other.
-        chosen = best or min(cands, key=lambda u: (u.load(), self.index.held.get(u.url, 0)))
-        if req.hashes:
-            self.index.insert(req.hashes, chosen.url)
-            if self.on_prefix_insert:
-                self.on_prefix_insert(req.hashes, chosen.url)
+        chosen = cands[0] if len(cands) == 1 else self.picker.pick(req, cands)
+        for s in self.scorers:
+            s.picked(req, chosen)
         return chosen
-
-    def _session(self, key: str, cands: list[Upstream]) -> Upstream:
-        allowed = {id(u) for u in cands}
-        total = sum(u.total_in_flight for u in cands)
-        cap = math.ceil(self.cfg.session_load_factor * (total + 1) / len(cands))
-        i = bisect.bisect(self.ring_keys, _h64(key))
-        n, seen = len(self.ring), set()
-        for j in range(n):
-            u = self.ring[(i + j) % n][1]
-            if id(u) in seen:
-                continue
-            seen.add(id(u))
-            if id(u) in allowed and u.total_in_flight < cap:
-                return u
-            if len(seen) == len(self.upstreams):
-                break
-        return self._least_load(cands)

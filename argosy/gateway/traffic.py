@@ -83,7 +83,8 @@ class ModelRuntime:
         # has no live upstream and a replica is starting (scale from zero), or raises a GatewayError.
         self.activator: Callable[[], Awaitable[None]] | None = None
         if cfg.shadow:
-            self.shadow_router = Router(cfg.routing.model_copy(update={"policy": "least_load"}), None, index)
+            least_load = cfg.routing.model_copy(update={"policy": "least_load", "scorers": None})
+            self.shadow_router = Router(least_load, None, index)
             self.shadow_router.set_upstreams([reg.get(x) for x in cfg.shadow.upstreams or []])
 
     def _router(self, revision: str, urls: list[str], index, on_insert) -> Router:

@@ -235,6 +235,7 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run_plan(args: argparse.Namespace) -> int:
+    from argosy.gateway.routing.presets import POLICY_NAMES
     from argosy.sim.plan import PlanSpace, render_plan, search
     from argosy.sim.profile import model_shape
     from argosy.sim.results import gpu_prices
@@ -245,9 +246,9 @@ def run_plan(args: argparse.Namespace) -> int:
         if args.model_config is None:
             raise ValueError("plan needs --model-config (a catalogue model, checkpoint folder or config.json)")
         shape = model_shape(args.model_config)
-        bad = [x for x in args.policies if x not in ("round_robin", "least_load", "prefix", "session")]
+        bad = [x for x in args.policies if x not in POLICY_NAMES]
         if bad:
-            raise ValueError(f"unknown routing policy {bad[0]!r}: round_robin, least_load, prefix or session")
+            raise ValueError(f"unknown routing policy {bad[0]!r}: {', '.join(POLICY_NAMES)}")
         space = PlanSpace(tuple(args.gpus), tuple(args.tp), tuple(args.max_num_seqs), tuple(args.policies),
                           args.max_replicas)
         settings = _roofline_settings(args)

@@ -4,7 +4,9 @@ Each region runs the gateway's real Router (with its prefix index) over simulate
 fleet's real Autoscaler (unless the replica count is fixed). A region that fails loses its replicas;
 its traffic goes to the live regions with `failover_rtt_s` added. A request on a failed replica is
 retried elsewhere if it has no token yet (the gateway retries before the first byte), else it fails.
-Time is simulated: the router's prefix index and the autoscaler read the simulation's clock.
+Time is simulated: the router's prefix index and the autoscaler read the simulation's clock. Replica
+gauges are refreshed each tick only when the real system would scrape them: the router's scorers read
+them (Router.needs_gauges) or the autoscaler's metric does (ScalingMetric.needs_scrape).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from dataclasses import dataclass
 from argosy.config import ModelConfig
 from argosy.engine.config import default_token_budget
 from argosy.fleet.autoscaler import Autoscaler, Observation
+from argosy.fleet.scaling_metrics import METRICS
 from argosy.gateway.health import Upstream
 from argosy.gateway.prefix_index import PrefixIndex
 from argosy.gateway.router import Router, RouteRequest
@@ -71,7 +74,9 @@ class FleetSim:
         self.prefix_tokens = {g: [10_000_000 + g] * sp.tokens for g in range(sp.groups)} if sp else {}
         self.prefix_text = {g: (f"[shared prefix {g}] " * sp.tokens)[:4 * sp.tokens] for g in range(sp.groups)} \
             if sp else {}
-        self.uses_text = model.routing.policy == "prefix"
+        self.uses_text = any(r.router.needs_prompt for r in self.regions)  # else prompts are not built
+        self.scrapes = (any(r.router.needs_gauges for r in self.regions)  # as the gateway or the controller
+                        or METRICS[model.autoscaling.metric].needs_scrape)
         self.ids = itertools.count()
         self.by_name: dict[str, SimReplica] = {}
 
@@ -178,7 +183,7 @@ class FleetSim:
         ready = region.routable()
         starting = [r for r in region.replicas if r.name not in region.upstreams and not r.draining]
         waiting = sum(len(r.sched.waiting) for r in ready) + len(region.pending)
-        for r in ready:  # what the gateway scrapes every health interval
+        for r in ready if self.scrapes else ():  # what the gateway or the controller scrapes
             up = region.upstreams[r.name]
             up.waiting, up.kv_usage = float(len(r.sched.waiting)), r.kv.usage
         if region.scaler is None:
@@ -192,7 +197,7 @@ class FleetSim:
         d = region.scaler.decide(len(ready), len(ready) + len(starting))
         if d.direction != "hold":
             self.decisions.append({"t": round(self.now, 3), "region": region.name, "desired": d.desired,
-                                   "ready": d.ready, "reason": d.reason})
+                                   "ready": d.ready, "kind": d.kind, "reason": d.reason})
         for _ in range(d.desired - len(ready) - len(starting)):
             self.start_replica(region, self.now)
         excess = len(ready) + len(starting) - d.desired

@@ -54,8 +54,9 @@ def search(model: ModelConfig, shape: ModelShape, spec: TrafficSpec, reqs: Reque
                 continue
             for seqs in space.max_num_seqs:
                 for policy in space.policies:
+                    routing = model.routing.model_copy(update={"policy": policy, "scorers": None})  # the preset
                     m = model.model_copy(update={"engine": model.engine.model_copy(update={"max_num_seqs": seqs}),
-                                                 "routing": model.routing.model_copy(update={"policy": policy})})
+                                                 "routing": routing})
                     cache: dict[int, dict] = {}
                     label = f"{gpu} TP {tp} max_num_seqs {seqs} {policy}"
 
