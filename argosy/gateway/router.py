@@ -17,7 +17,7 @@ from argosy.gateway.prefix_index import PrefixIndex
 from argosy.gateway.routing.filters import default_filters
 from argosy.gateway.routing.picker import WeightedPicker
 from argosy.gateway.routing.request import GAUGES, PROMPT, RouteRequest
-from argosy.gateway.routing.scorers import SCORERS, ScorerContext
+from argosy.gateway.routing.scorers import SCORERS, Scorer, ScorerContext
 
 __all__ = ["RouteRequest", "Router"]
 
@@ -29,6 +29,8 @@ class Router:
         ctx = ScorerContext(routing, index, on_prefix_insert)
         weights = {name: w for name, w in routing.scorer_weights().items() if w > 0}
         self.scorers = [SCORERS[name](ctx) for name in weights]
+        # Only scorers that act on the outcome are told it (a call per request saved for the others).
+        self.told = [s for s in self.scorers if type(s).picked is not Scorer.picked]
         self.filters = default_filters(length_classes)
         self.picker = WeightedPicker([(s, weights[s.name]) for s in self.scorers], routing.balance_abs,
                                      routing.balance_rel)
@@ -62,6 +64,6 @@ class Router:
         if not cands:
             return None
         chosen = cands[0] if len(cands) == 1 else self.picker.pick(req, cands)
-        for s in self.scorers:
+        for s in self.told:
             s.picked(req, chosen)
         return chosen

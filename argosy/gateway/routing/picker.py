@@ -28,20 +28,22 @@ class WeightedPicker:
 
     def balanced(self, cands: list[Upstream]) -> list[bool]:
         """Whether each candidate passes the balance gate (may keep its affinity score)."""
-        least = min(u.total_in_flight for u in cands)
-        a, r = self.balance_abs, self.balance_rel
-        return [not (u.total_in_flight - least > a and u.total_in_flight > r * least) for u in cands]
+        loads = [u.total_in_flight for u in cands]
+        least, a, r = min(loads), self.balance_abs, self.balance_rel
+        return [not (n - least > a and n > r * least) for n in loads]
 
     def totals(self, req: RouteRequest, cands: list[Upstream]) -> list[float]:
-        totals = [0.0] * len(cands)
+        totals: list[float] | None = None
         ok = self.balanced(cands) if self.gated else None
         for scorer, weight in self.weighted:
             scores = scorer.score(req, cands)
             if ok is not None and scorer.affinity:
                 scores = [s if keep else 0.0 for s, keep in zip(scores, ok, strict=True)]
-            for i, s in enumerate(scores):
-                totals[i] += weight * s
-        return totals
+            if totals is None:
+                totals = [weight * s for s in scores]
+            else:
+                totals = [t + weight * s for t, s in zip(totals, scores, strict=True)]
+        return totals or [0.0] * len(cands)
 
     def pick(self, req: RouteRequest, cands: list[Upstream]) -> Upstream:
         totals = self.totals(req, cands) if self.weighted else None

@@ -105,7 +105,7 @@ class KVCacheScorer(Scorer):
     needs = frozenset({GAUGES})
 
     def score(self, req, cands):
-        return [1.0 - min(max(u.kv_usage, 0.0), 1.0) for u in cands]
+        return [max(0.0, 1.0 - u.kv_usage) for u in cands]  # summed over models, a replica's may pass 1
 
 
 @register
