@@ -112,3 +112,33 @@ def test_the_simulator_routes_with_the_fleet_files_weights():
     sim, weighted = simulate(spec, {"routing": {"scorers": {"prefix": 3, "load": 1}}}, profile=small, replicas=4)
     assert sim.uses_text  # a scorer reads the prompt, so the simulator builds it
     assert weighted["prefix_cache_hit_rate"] > rr["prefix_cache_hit_rate"] + 0.1
+
+
+def test_a_gateway_scrapes_replica_gauges_for_weights_given_in_the_fleet_file():
+    import time
+
+    import httpx
+    import openai
+
+    from tests.gateway_fixtures import start_gateway, start_upstream
+
+    ups = [start_upstream(f"u{i}") for i in range(2)]
+    gw = None
+    try:
+        gw = start_gateway({"gateway": {"health_interval_s": 0.3}, "models": [
+            {"name": "q", "upstreams": [u.url for u in ups], "routing": {"scorers": {"queue": 1}}}]})
+        ups[0].control(waiting=20)  # only the scraped gauge tells the two apart
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:  # until the gateway has scraped it
+            seen = httpx.get(gw.url + "/admin/upstreams", timeout=10).json()["models"]["q"]["v1"]
+            if [u["waiting"] for u in seen] == [20, 0]:
+                break
+            time.sleep(0.1)
+        c = openai.OpenAI(base_url=gw.url + "/v1", api_key="none", max_retries=0)
+        got = {c.completions.create(model="q", prompt="hi", max_tokens=2).system_fingerprint for _ in range(6)}
+        assert got == {"u1"}
+    finally:
+        if gw:
+            gw.stop()
+        for u in ups:
+            u.stop()
