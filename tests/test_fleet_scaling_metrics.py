@@ -9,13 +9,14 @@ from types import SimpleNamespace
 import pytest
 from prometheus_client import CollectorRegistry
 
-from argosy.config import AdmissionConfig, AutoscalingConfig, FleetConfigError, parse_fleet
+from argosy.config import AutoscalingConfig, FleetConfigError, parse_fleet
 from argosy.fleet.autoscaler import IDLE, PANIC, STABLE, Autoscaler, Observation
 from argosy.fleet.metrics import FleetMetrics
 from argosy.fleet.model_controller import ModelController
 from argosy.fleet.placement import Need, Placer
 from argosy.fleet.scaling_metrics import METRICS
-from argosy.gateway.admission import Admission
+from argosy.gateway.prefix_index import PrefixIndex
+from argosy.gateway.traffic import ModelRuntime, UpstreamRegistry
 
 
 class Clock:
@@ -73,17 +74,17 @@ def test_each_metric_reads_its_sample_from_the_registry():
 def test_the_controller_scrapes_replicas_only_for_metrics_that_need_it(metric):
     fleet = parse_fleet({"models": [{"name": "m", "checkpoint": "/nonexistent", "autoscaling": {
         "metric": metric, "target": 0.5, "min_replicas": 0, "scale_to_zero_after_s": 1}}]}, "test")
-    rt = SimpleNamespace(admission=Admission(AdmissionConfig()), activator=None)
-    gw = SimpleNamespace(reg=SimpleNamespace(by_url={}))
-    registry, clock = CollectorRegistry(), Clock()
-    mc = ModelController(fleet.models[0], rt, gw, None, Placer([]), Need.of(0, 0.0, {}), FleetMetrics(registry),
-                         clock)
+    rt = ModelRuntime(fleet.models[0], UpstreamRegistry(fleet.gateway), PrefixIndex(), None, lambda: None)
     scrapes = []
 
-    async def scrape(ready):
-        scrapes.append(ready)
+    async def refresh(urls):
+        scrapes.append(list(urls))
+        return {}
 
-    mc.scrape = scrape
+    gateway = SimpleNamespace(scraper=SimpleNamespace(refresh=refresh))
+    registry, clock = CollectorRegistry(), Clock()
+    mc = ModelController(fleet.models[0], rt, gateway, None, Placer([]), Need.of(0, 0.0, {}),
+                         FleetMetrics(registry), clock)
     clock.t += 2  # idle past scale_to_zero_after_s: the decision is to stay at zero
     asyncio.run(mc.tick())
     assert bool(scrapes) == (metric in ("queue", "kv_cache"))
