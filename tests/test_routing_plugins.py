@@ -142,3 +142,32 @@ def test_a_gateway_scrapes_replica_gauges_for_weights_given_in_the_fleet_file():
             gw.stop()
         for u in ups:
             u.stop()
+
+
+def test_an_upstream_added_while_the_gateway_runs_is_scraped_too():
+    # `argosy serve` adds every replica after the gateway started: the scrape set is read each round.
+    import time
+
+    import httpx
+
+    from tests.gateway_fixtures import start_gateway, start_upstream
+
+    up = start_upstream("late")
+    gw = None
+    try:
+        gw = start_gateway({"gateway": {"health_interval_s": 0.3}, "models": [
+            {"name": "q", "upstreams": [], "routing": {"scorers": {"queue": 1}}}]})
+        added = httpx.post(gw.url + "/admin/upstreams", json={"model": "q", "url": up.url}, timeout=10)
+        assert added.status_code == 200
+        up.control(waiting=7)
+        deadline, seen = time.monotonic() + 30, None
+        while time.monotonic() < deadline:
+            seen = httpx.get(gw.url + "/admin/upstreams", timeout=10).json()["models"]["q"]["v1"]
+            if [u["waiting"] for u in seen] == [7]:
+                break
+            time.sleep(0.1)
+        assert [u["waiting"] for u in seen] == [7]
+    finally:
+        if gw:
+            gw.stop()
+        up.stop()

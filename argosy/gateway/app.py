@@ -120,10 +120,12 @@ class Gateway:
                                     self.shared.gid)
             await self.key_sync.start()
         self.health = HealthChecker(self.session, gw.health_interval_s, gw.health_timeout_s, self.scraper)
-        scrape = {u.url for rt in self.models.values()
-                  if any(r.needs_gauges for r in rt.routers.values())
-                  for u in rt.upstreams()}
-        self.health.start(lambda: self.reg.by_url.values(), lambda u: u.url in scrape)
+        self.health.start(lambda: self.reg.by_url.values(), self.gauge_urls)
+
+    def gauge_urls(self) -> set[str]:
+        """Upstreams whose load gauges a router of theirs reads, as the routing sets stand now."""
+        return {u.url for rt in self.models.values() if any(r.needs_gauges for r in rt.routers.values())
+                for u in rt.upstreams()}
 
     async def shutdown(self) -> None:
         await self.health.stop()

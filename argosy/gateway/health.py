@@ -91,7 +91,7 @@ class Upstream:
 
 class HealthChecker:
     """Active checks: GET /health (any answer below 500 means alive: llama.cpp's server has no
-    /health), then the replica's load gauges through the scraper when `scrape(upstream)` says so."""
+    /health), then the replica's load gauges through the scraper for the URLs `scrape()` names each round."""
 
     def __init__(self, session: aiohttp.ClientSession, interval: float, timeout: float, scraper: ReplicaScraper):
         self.session, self.interval, self.scraper = session, interval, scraper
@@ -114,13 +114,16 @@ class HealthChecker:
             u.failure(passive=False)
         return ok
 
-    async def run(self, upstreams: Callable[[], Iterable[Upstream]], scrape: Callable[[Upstream], bool]) -> None:
+    async def run(self, upstreams: Callable[[], Iterable[Upstream]], scrape: Callable[[], set[str]]) -> None:
+        """Each round checks every upstream, and scrapes those whose URL `scrape()` names at that round:
+        replicas join and leave the routing sets while the gateway runs."""
         while True:
             ups = list(upstreams())
-            await asyncio.gather(*(self.check(u, scrape(u)) for u in ups), return_exceptions=True)
+            wanted = scrape()
+            await asyncio.gather(*(self.check(u, u.url in wanted) for u in ups), return_exceptions=True)
             await asyncio.sleep(self.interval)
 
-    def start(self, upstreams: Callable[[], Iterable[Upstream]], scrape: Callable[[Upstream], bool]) -> None:
+    def start(self, upstreams: Callable[[], Iterable[Upstream]], scrape: Callable[[], set[str]]) -> None:
         self.task = asyncio.get_running_loop().create_task(self.run(upstreams, scrape))
 
     async def stop(self) -> None:
