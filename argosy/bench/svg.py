@@ -49,30 +49,55 @@ def thin(xs: list[float], ys: list[float], limit: int = MAX_POINTS) -> tuple[lis
     return [xs[i] for i in idx], [ys[i] for i in idx]
 
 
+def _log_ticks(lo: float, hi: float) -> list[float]:
+    """Decades covering [lo, hi] (values already log10)."""
+    first, last = math.floor(lo + 1e-9), math.ceil(hi - 1e-9)
+    return [float(t) for t in range(first, max(last, first + 1) + 1)]
+
+
+def _to_log(s: Series, log_x: bool, log_y: bool) -> Series:
+    pairs = [(math.log10(x) if log_x else x, math.log10(y) if log_y else y)
+             for x, y in zip(s.xs, s.ys, strict=False) if (not log_x or x > 0) and (not log_y or y > 0)]
+    return Series(s.name, [x for x, _ in pairs], [y for _, y in pairs], s.color)
+
+
 def chart(series: list[Series], title: str, x_label: str, y_label: str, *, kind: str = "line",
-          width: int = 560, height: int = 300, y_min: float | None = 0.0) -> str:
+          width: int = 560, height: int = 300, y_min: float | None = 0.0, log_x: bool = False, log_y: bool = False,
+          hlines: tuple[tuple[float, str], ...] = ()) -> str:
+    """hlines: (y, label) reference lines across the plot (an SLO). Log axes drop points <= 0."""
     left, right, top, bottom = 64, 16, 42, 46
     pw, ph = width - left - right, height - top - bottom
-    pts = [(x, y) for s in series for x, y in zip(s.xs, s.ys, strict=False)]
+    if log_x or log_y:
+        series = [_to_log(s, log_x, log_y) for s in series]
+        hlines = tuple((math.log10(y) if log_y else y, label) for y, label in hlines if not log_y or y > 0)
+        y_min = None if log_y else y_min
+    pts = [(x, y) for s in series for x, y in zip(s.xs, s.ys, strict=False)] + [(None, y) for y, _ in hlines]
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" class="chart" width="{width}" height="{height}" '
            f'viewBox="0 0 {width} {height}" role="img" aria-label="{escape(title)}">',
            f'<text x="{width / 2}" y="18" text-anchor="middle" class="title">{escape(title)}</text>']
     if not pts:
         out.append(f'<text x="{width / 2}" y="{height / 2}" text-anchor="middle">no data</text></svg>')
         return "\n".join(out)
-    xt = nice_ticks(min(p[0] for p in pts), max(p[0] for p in pts))
+    xs_all = [p[0] for p in pts if p[0] is not None] or [0.0]
     lo_y = min(p[1] for p in pts) if y_min is None else min(y_min, min(p[1] for p in pts))
-    yt = nice_ticks(lo_y, max(p[1] for p in pts))
+    xt = (_log_ticks if log_x else nice_ticks)(min(xs_all), max(xs_all))
+    yt = (_log_ticks if log_y else nice_ticks)(lo_y, max(p[1] for p in pts))
     x0, x1, y0, y1 = xt[0], xt[-1], yt[0], yt[-1]
     sx = lambda x: left + (x - x0) / ((x1 - x0) or 1) * pw
     sy = lambda y: top + ph - (y - y0) / ((y1 - y0) or 1) * ph
     out.append(f'<rect x="{left}" y="{top}" width="{pw}" height="{ph}" fill="none" stroke="#999"/>')
     for t in xt:
         out.append(f'<line x1="{sx(t):.1f}" y1="{top}" x2="{sx(t):.1f}" y2="{top + ph}" class="grid"/>'
-                   f'<text x="{sx(t):.1f}" y="{top + ph + 16}" text-anchor="middle">{_fmt(t)}</text>')
+                   f'<text x="{sx(t):.1f}" y="{top + ph + 16}" text-anchor="middle">'
+                   f'{f"{10 ** t:g}" if log_x else _fmt(t)}</text>')
     for t in yt:
         out.append(f'<line x1="{left}" y1="{sy(t):.1f}" x2="{left + pw}" y2="{sy(t):.1f}" class="grid"/>'
-                   f'<text x="{left - 6}" y="{sy(t) + 4:.1f}" text-anchor="end">{_fmt(t)}</text>')
+                   f'<text x="{left - 6}" y="{sy(t) + 4:.1f}" text-anchor="end">'
+                   f'{f"{10 ** t:g}" if log_y else _fmt(t)}</text>')
+    for y, label in hlines:
+        out.append(f'<line x1="{left}" y1="{sy(y):.1f}" x2="{left + pw}" y2="{sy(y):.1f}" stroke="#d62728" '
+                   f'stroke-dasharray="6 4" stroke-width="1.5"/><text x="{left + pw - 4}" y="{sy(y) - 5:.1f}" '
+                   f'text-anchor="end" class="legend" fill="#d62728">{escape(label)}</text>')
     out.append(f'<text x="{left + pw / 2}" y="{height - 8}" text-anchor="middle">{escape(x_label)}</text>')
     out.append(f'<text transform="translate(14 {top + ph / 2}) rotate(-90)" text-anchor="middle">'
                f'{escape(y_label)}</text>')

@@ -15,7 +15,9 @@ from argosy.cost.render import render
 
 def add_cost_arguments(p: argparse.ArgumentParser) -> None:
     src = p.add_argument_group("traffic (one of)")
-    src.add_argument("--sim", metavar="RESULT.json", help="an `argosy sim` result")
+    src.add_argument("--sim", metavar="RESULT.json",
+                     help="an `argosy sim` result (its steady state: see --include-warmup)")
+    src.add_argument("--plan", metavar="PLAN.json", help="an `argosy plan` result: the fleet it chose")
     src.add_argument("--bench", metavar="RESULT.json", help="an `argosy bench` result (with --gpu and --gpus)")
     src.add_argument("--input-tokens-per-s", type=float, help="steady input tokens/s (with the output rate)")
     src.add_argument("--output-tokens-per-s", type=float)
@@ -43,7 +45,14 @@ def add_cost_arguments(p: argparse.ArgumentParser) -> None:
     c.add_argument("--monitoring-per-node", type=float, help="monitoring, $/node/month")
     c.add_argument("--monitoring-fixed", type=float, help="monitoring, fixed $/month")
     c.add_argument("--operations", type=float, help="operations (storage, egress, tooling), $/month")
-    c.add_argument("--api", help="compare with one API of the price file (provider/model; default: all)")
+    c.add_argument("--api", help="compare with one API of the price file (provider/model; default: those serving "
+                   "a model of comparable size, when the size is known)")
+    c.add_argument("--all-apis", action="store_true",
+                   help="compare with every API in the price file, whatever its model's size")
+    c.add_argument("--include-warmup", action="store_true",
+                   help="--sim: price the whole run, the warm-up included (default: the steady state after it)")
+    c.add_argument("--allow-slo-miss", action="store_true",
+                   help="--sim/--plan: price a fleet that missed its SLO anyway (with a warning); default: refuse")
     c.add_argument("--json", action="store_true", help="print the estimate as JSON")
 
 
@@ -86,16 +95,23 @@ def _check_flags(args: argparse.Namespace) -> None:
 def _usage(args: argparse.Namespace) -> usage_from.Usage:
     per_s = args.input_tokens_per_s is not None or args.output_tokens_per_s is not None
     per_day = args.input_tokens_per_day is not None or args.output_tokens_per_day is not None
-    chosen = [n for n, on in (("--sim", args.sim), ("--bench", args.bench), ("--input/output-tokens-per-s", per_s),
-                              ("--input/output-tokens-per-day", per_day)) if on]
+    chosen = [n for n, on in (("--sim", args.sim), ("--plan", args.plan), ("--bench", args.bench),
+                              ("--input/output-tokens-per-s", per_s), ("--input/output-tokens-per-day", per_day)) if on]
     if len(chosen) != 1:
-        raise ValueError("give the traffic one way: --sim RESULT.json, --bench RESULT.json, "
+        raise ValueError("give the traffic one way: --sim RESULT.json, --plan PLAN.json, --bench RESULT.json, "
                          "--input-tokens-per-s with --output-tokens-per-s, or the two per-day volumes"
                          + (f" (got {' and '.join(chosen)})" if chosen else ""))
-    if args.sim:
+    if args.sim or args.plan:
         if args.gpu or args.gpus:
-            raise ValueError("--gpu/--gpus do not apply to --sim: the simulation's result names its GPUs")
-        return usage_from.from_sim(args.sim)
+            raise ValueError("--gpu/--gpus do not apply to --sim/--plan: the result names its GPUs")
+        usage = usage_from.from_sim(args.sim, args.include_warmup) if args.sim else usage_from.from_plan(args.plan)
+        if usage.slo is not None and usage.slo.get("met") is False and not args.allow_slo_miss:
+            raise ValueError(
+                f"{args.sim or args.plan}: the fleet missed its SLO (attainment {usage.slo['attainment'] * 100:.1f}%, "
+                f"target {usage.slo.get('attainment_target', 0) * 100:.0f}%): its cost is not the cost of serving "
+                "this traffic. Find a fleet that passes (argosy plan, or more replicas), or pass --allow-slo-miss "
+                "to price it anyway")
+        return usage
     if not args.gpu or not args.gpus or args.gpus <= 0:
         raise ValueError(f"{chosen[0]} needs --gpu TYPE and --gpus N (N > 0): the GPUs that serve it")
     if args.bench:
@@ -117,7 +133,8 @@ def run_cost(args: argparse.Namespace) -> int:
         usage = _usage(args)
         opts = CostOptions(period=args.period, tier_mix=tier_mix, provider=args.provider,
                            input_share=args.input_share, utilization=args.utilization,
-                           replica_gpus=args.gpus_per_replica, api=args.api, engineering_fte=args.engineering_fte,
+                           replica_gpus=args.gpus_per_replica, api=args.api, all_apis=args.all_apis,
+                           engineering_fte=args.engineering_fte,
                            loaded_annual_salary_usd=args.salary, monitoring_usd_per_node_month=args.monitoring_per_node,
                            monitoring_fixed_usd_month=args.monitoring_fixed, operations_usd_month=args.operations)
         est = estimate(usage, book, opts)

@@ -18,6 +18,7 @@ class CostOptions:
     utilization: float | None = None  # overrides the simulation's; default 1 (the traffic was the capacity)
     replica_gpus: int = 1  # GPUs of one replica: self-hosting grows in these steps
     api: str | None = None  # compare with this offering only (provider/model)
+    all_apis: bool = False  # compare with every API in the book, not only those of a comparable model size
     # Overhead overrides; None: the price book's default.
     engineering_fte: float | None = None
     loaded_annual_salary_usd: float | None = None
@@ -32,6 +33,31 @@ def _pick(override: float | None, default: float) -> float:
 
 def _r(x: float | None, digits: int = 2) -> float | None:
     return None if x is None else round(x, digits)
+
+
+SIZE_RATIO = 2.0  # "comparable size": the API's model within 2x of the priced model's parameters, either way
+
+
+def comparable_apis(book: PriceBook, opts: CostOptions, model_params: float | None) -> tuple[list, str]:
+    """The API offerings to compare with, and a line saying which and why."""
+    if opts.api:
+        return [book.api(opts.api)], "the API asked for (--api)"
+    apis = list(book.api_prices)
+    if opts.all_apis:
+        return apis, "every API in the price book (--all-apis), whatever its model's size"
+    if model_params is None:
+        return apis, "every API in the price book: the priced model's size is unknown"
+    size_b = model_params / 1e9
+    near = [a for a in apis if a.params_b is None or 1 / SIZE_RATIO <= a.params_b / size_b <= SIZE_RATIO]
+    if near:
+        return near, (f"APIs serving models of {size_b / SIZE_RATIO:.3g}-{size_b * SIZE_RATIO:.3g}B parameters "
+                      f"(the priced model has {size_b:.3g}B; --all-apis for every one)")
+    sized = [a for a in apis if a.params_b is not None]
+    closest = min(sized, key=lambda a: max(a.params_b / size_b, size_b / a.params_b)) if sized else None
+    shown = [a for a in sized if closest is not None and a.params_b == closest.params_b]
+    return shown, (f"no API in the price book serves a model within {SIZE_RATIO:g}x of {size_b:.3g}B parameters; "
+                   + (f"the closest size ({closest.params_b:g}B) is shown: the comparison is not like for like"
+                      if closest else "none shown"))
 
 
 def _gpu_lines(usage: Usage, book: PriceBook, opts: CostOptions, scale: float) -> list[dict]:
@@ -94,7 +120,7 @@ def estimate(usage: Usage, book: PriceBook, opts: CostOptions) -> dict:
     replica_tokens = opts.replica_gpus * hours * tokens_per_gpu_hour
     per_request = tokens / (usage.requests * scale) if usage.requests else None
 
-    apis = [book.api(opts.api)] if opts.api else book.api_prices
+    apis, api_scope = comparable_apis(book, opts, usage.model_params)
     comparisons = []
     for api in apis:
         api_total = f.api_usd(input_tokens, output_tokens, api.input_usd_per_mtok, api.output_usd_per_mtok)
@@ -108,7 +134,8 @@ def estimate(usage: Usage, book: PriceBook, opts: CostOptions) -> dict:
             "break_even": _break_even_dict(be, hours, per_request)})
 
     return {
-        "source": usage.source, "period": opts.period, "period_hours": hours,
+        "source": usage.source, "period": opts.period, "period_hours": hours, "window": usage.window,
+        "slo": usage.slo, "model_params": usage.model_params, "api_scope": api_scope,
         "traffic": {"input_tokens": round(input_tokens), "output_tokens": round(output_tokens),
                     "input_tokens_per_day": round(input_tokens * 24 / hours),
                     "output_tokens_per_day": round(output_tokens * 24 / hours),

@@ -53,6 +53,9 @@ class ApiPrice(_Sourced):
     model: str
     input_usd_per_mtok: float = Field(ge=0)
     output_usd_per_mtok: float = Field(ge=0)
+    # The served model's size, in billions of parameters: reports compare self-hosting only with APIs of
+    # a comparable size (an 8B fleet against 70B prices flatters it ninefold). None: unknown, always shown.
+    params_b: float | None = Field(None, gt=0)
 
 
 class Engineering(_Sourced):

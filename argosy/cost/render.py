@@ -23,7 +23,8 @@ def _tok(x: float | None) -> str:
 def render(est: dict) -> str:
     t = est["traffic"]
     period = f"{est['period']} ({est['period_hours']:g} h)"
-    out = [f"Cost estimate for one {period}, from {est['source']}",
+    out = [*_slo_lines(est), f"Cost estimate for one {period}, from {est['source']}"
+           + (f": {est['window']}" if est.get("window") else ""),
            f"Traffic: {_tok(t['input_tokens'])} input + {_tok(t['output_tokens'])} output"
            f" ({_tok(t['input_tokens_per_day'])}/day + {_tok(t['output_tokens_per_day'])}/day)"
            + (f", {t['requests']:,} requests" if t["requests"] is not None else ""),
@@ -52,14 +53,32 @@ def render(est: dict) -> str:
     out += [f"  {'total':12}{_usd(est['total_usd']):>16}   all-in {_mtok(est['all_in_usd_per_mtok'])}", ""]
     if est["api_comparisons"]:
         out.append(_render_apis(est))
+    elif est.get("api_scope"):
+        out += [f"Hosted APIs: {est['api_scope']}", ""]
     out.append(f"Prices: {est['prices_note']}")
     return "\n".join(out)
+
+
+def _slo_lines(est: dict) -> list[str]:
+    """What is priced, said first: a fleet that missed its SLO does not cost what serving the traffic costs."""
+    slo = est.get("slo")
+    if not slo or slo.get("attainment") is None:
+        return []
+    target = slo.get("attainment_target")
+    line = (f"Pricing a fleet whose SLO attainment was {slo['attainment'] * 100:.1f}%"
+            + (f" (target {target * 100:.0f}%)" if target is not None else ""))
+    if slo.get("met") is False:
+        bar = "!" * 100
+        return [bar, f"WARNING: {line}: the SLO was NOT met. This is the cost of a fleet that fails its users, "
+                     "not of serving this traffic; `argosy plan` finds one that passes.", bar, ""]
+    return [line + ": met.", ""]
 
 
 def _render_apis(est: dict) -> str:
     by_req = est["traffic"]["requests"] is not None
     out = [f"Hosted API at the same volume (self-hosted: {_usd(est['total_usd'])}; break-even in replicas of "
            f"{est['replica_gpus']} GPU(s)):",
+           f"  compared with {est['api_scope']}",
            f"  {'API':40} {'$/Mtok in/out':>13} {'API cost':>15}  {'break-even':30}  always cheaper from"]
     notes = []
     for c in est["api_comparisons"]:

@@ -28,6 +28,11 @@ class Usage:
     input_share: float | None = None  # share of GPU time spent on input tokens, when measured
     utilization: float | None = None  # busy share of the GPU-hours, when measured
     requests: float | None = None
+    # From a simulation or a plan: the SLO figures of what is priced ({attainment, attainment_target, met,
+    # ttft_s, tpot_s}), the window priced ("steady state 120-600 s"), and the model's size in parameters.
+    slo: dict | None = None
+    window: str | None = None
+    model_params: float | None = None
 
     def __post_init__(self) -> None:
         if not (self.duration_h > 0 and math.isfinite(self.duration_h)):
@@ -57,12 +62,20 @@ def _number(d: dict, key: str, path: str) -> float:
     return float(v)
 
 
-def from_sim(path: str) -> Usage:
+def from_sim(path: str, include_warmup: bool = False) -> Usage:
     """`argosy sim`'s result JSON: duration_s, gpu_hours {GPU: h}, input/output_tokens, token_time_split;
-    optionally requests and gpu_busy_share (or utilization)."""
+    optionally requests and gpu_busy_share (or utilization). By default its `steady` window (after the
+    warm-up) is priced when it has one; `include_warmup` prices the whole run."""
     d = _read_json(path)
     if not isinstance(d, dict):
         raise UsageError(f"{path}: not a simulation result (a JSON object with {', '.join(SIM_KEYS)})")
+    if "cheapest" in d and "candidates" in d:
+        raise UsageError(f"{path}: this is an `argosy plan` result: price it with --plan {path}")
+    whole = d
+    steady = d.get("steady") if isinstance(d.get("steady"), dict) else None
+    use_steady = steady is not None and not include_warmup and float(steady.get("from_s") or 0) > 0
+    if use_steady:
+        d = {**steady, "requests": steady.get("requests")}
     missing = [k for k in SIM_KEYS if k not in d]
     if missing:
         raise UsageError(f"{path}: not a simulation result: missing {', '.join(missing)}")
@@ -72,12 +85,23 @@ def from_sim(path: str) -> Usage:
     if not isinstance(split, dict) or not isinstance(split.get("input"), int | float):
         raise UsageError(f"{path}: token_time_split must be {{\"input\": f, \"output\": 1-f}}")
     duration_s = _number(d, "duration_s", path)
+    if duration_s <= 0:
+        raise UsageError(f"{path}: the priced window is empty (duration {duration_s:g} s)")
     busy_key = next((k for k in ("gpu_busy_share", "utilization") if d.get(k) is not None), None)
+    if use_steady:
+        window = f"steady state {steady['from_s']:g}-{whole['duration_s']:g} s of the simulation (warm-up left out)"
+        requests = float(steady["requests"]) if isinstance(steady.get("requests"), int | float) else None
+    else:
+        window = f"the whole simulated run, {duration_s:g} s" + (" (warm-up included)" if steady else "")
+        requests = _sim_requests(d, duration_s, path)
+    model = whole.get("model") if isinstance(whole.get("model"), dict) else {}
     return Usage(source=f"simulation {path}", duration_h=duration_s / 3600,
                  gpu_hours={str(k): float(v) for k, v in gpu_hours.items()},
                  input_tokens=_number(d, "input_tokens", path), output_tokens=_number(d, "output_tokens", path),
-                 input_share=float(split["input"]), requests=_sim_requests(d, duration_s, path),
-                 utilization=None if busy_key is None else min(_number(d, busy_key, path), 1.0))
+                 input_share=float(split["input"]), requests=requests,
+                 utilization=None if busy_key is None else min(_number(d, busy_key, path), 1.0),
+                 slo=whole.get("slo") if isinstance(whole.get("slo"), dict) else None, window=window,
+                 model_params=model.get("params") if isinstance(model.get("params"), int | float) else None)
 
 
 def _sim_requests(d: dict, duration_s: float, path: str) -> float | None:
@@ -115,3 +139,28 @@ def from_rates(gpu: str, gpus: float, input_tokens_per_s: float, output_tokens_p
     """`gpus` GPUs serving steady token rates; one hour of it (the estimator scales it to the period)."""
     return Usage(source="flags", duration_h=1.0, gpu_hours={gpu: float(gpus)},
                  input_tokens=input_tokens_per_s * 3600, output_tokens=output_tokens_per_s * 3600)
+
+
+def plan_usage(d: dict, source: str) -> Usage:
+    """The usage an `argosy plan` answer carries for its chosen fleet (its steady-state window)."""
+    try:
+        split, model = d["token_time_split"], d.get("model") or {}
+        return Usage(source=source, duration_h=float(d["duration_s"]) / 3600,
+                     gpu_hours={str(k): float(v) for k, v in d["gpu_hours"].items()},
+                     input_tokens=float(d["input_tokens"]), output_tokens=float(d["output_tokens"]),
+                     input_share=float(split["input"]), utilization=min(float(d["gpu_busy_share"]), 1.0) or None,
+                     requests=d.get("requests"), slo=d.get("slo"),
+                     window=f"the planned fleet's steady state ({float(d['duration_s']):g} s simulated at the peak)",
+                     model_params=model.get("params"))
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise UsageError(f"{source}: not an argosy plan answer ({type(e).__name__}: {e})") from None
+
+
+def from_plan(path: str) -> Usage:
+    """`argosy plan -o plan.json`: the fleet it chose, priced over its simulated steady state."""
+    d = _read_json(path)
+    if not isinstance(d, dict) or "answer" not in d:
+        raise UsageError(f"{path}: not an argosy plan result (no 'answer'; an `argosy sim` result goes to --sim)")
+    if d["answer"] is None:
+        raise UsageError(f"{path}: the plan found no fleet that meets the SLOs: nothing to price")
+    return plan_usage(d["answer"].get("usage"), f"plan {path}")

@@ -95,10 +95,13 @@ def run_profile(args: argparse.Namespace) -> int:
                                        kv_cache_memory_gib=args.kv_cache_memory, log=_log)
     except (ValueError, FileNotFoundError, RuntimeError) as e:
         return _fail("profile", e)
+    from argosy.sim.capacity import render_capacity
+
     prof.save(args.output)
     print(f"{prof.name}: step = {prof.base_s * 1e3:.3f} ms + {prof.combine}(compute, memory); "
           f"KV {prof.num_blocks} blocks of {prof.block_size} tokens; cold start {prof.cold_start_s:.1f} s "
           f"-> {args.output}")
+    print(render_capacity(prof, args.max_num_seqs if args.gpu is None else 256))
     return 0
 
 
@@ -158,11 +161,21 @@ def add_sim_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpu", help="or a roofline profile for this accelerator (with --model-config)")
     p.add_argument("--tp", type=int, default=1)
     p.add_argument("--replicas", type=int, help="fixed replicas per region (default: the autoscaler decides)")
+    p.add_argument("--warmup", type=_warmup, default=None, metavar="DURATION",
+                   help="left out of latencies and of the steady-state cost window (default: a tenth of the run, "
+                        "with the autoscaler at least two cold starts, at most half the run)")
     p.add_argument("--week", action="store_true", help="plan a week from its distinct hourly load levels")
     p.add_argument("--level-duration", type=seconds, default=60.0,
                    help="--week: seconds simulated per level, the first third a warm-up (60)")
     p.add_argument("--level-step", type=float, default=0.05, help="--week: levels rounded to this share of the peak")
     _add_roofline(p)
+
+
+def _warmup(text: str) -> float:
+    v = seconds(text)
+    if v < 0:
+        raise argparse.ArgumentTypeError("--warmup must be >= 0")
+    return v
 
 
 def _profile(args):
@@ -179,7 +192,7 @@ def _profile(args):
 
 def run_sim(args: argparse.Namespace) -> int:
     from argosy.sim.fleet import FleetSim, SimSettings
-    from argosy.sim.results import gpu_prices, render_text, summarize
+    from argosy.sim.results import auto_warmup_s, gpu_prices, render_text, summarize
     from argosy.sim.traffic import make_requests
     from argosy.sim.week import plan_week
 
@@ -212,9 +225,15 @@ def run_sim(args: argparse.Namespace) -> int:
         _log(f"  {now:.0f}/{spec.duration_s:g} s simulated, {i}/{n} requests, "
              f"{now / (time.perf_counter() - t0):.1f}x real time")
 
+    warmup = args.warmup
+    if warmup is None:
+        warmup = auto_warmup_s(spec.duration_s, profile.cold_start_s, autoscaled=args.replicas is None)
+    if warmup >= spec.duration_s:
+        msg = f"--warmup ({warmup:g} s) must be shorter than the traffic ({spec.duration_s:g} s)"
+        return _fail("sim", ValueError(msg))
     sim = FleetSim(model, profile, spec, reqs, settings)
     sim.run(progress)
-    res = summarize(sim, slo, prices=prices)
+    res = summarize(sim, slo, warmup_s=warmup, prices=prices)
     wall = time.perf_counter() - t0
     res["wall_s"] = wall
     text = render_text(res) + f"\n(wall time {wall:.1f} s: {spec.duration_s / wall:.1f}x real time)"
@@ -231,12 +250,17 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-num-seqs", type=_csv(int), default=(256,), help="batch limits to try (128,256)")
     p.add_argument("--policies", type=_csv(str), default=("least_load",), help="routing policies to try")
     p.add_argument("--max-replicas", type=int, default=64, help="per region (64)")
+    p.add_argument("--spare", choices=["none", "replica", "region"], default="none",
+                   help="grow the chosen fleet until it survives the loss of a replica in any region, or of a "
+                        "whole region (default none: the fewest that pass, and the answer says what they survive)")
     _add_roofline(p)
 
 
 def run_plan(args: argparse.Namespace) -> int:
     from argosy.gateway.routing.presets import POLICY_NAMES
-    from argosy.sim.plan import PlanSpace, render_plan, search
+    from argosy.sim.plan import PlanSpace, brief, search
+    from argosy.sim.plan_answer import answer, render_plan
+    from argosy.sim.plan_checks import checks, headroom
     from argosy.sim.profile import model_shape
     from argosy.sim.results import gpu_prices
     from argosy.sim.traffic import make_requests
@@ -249,8 +273,10 @@ def run_plan(args: argparse.Namespace) -> int:
         bad = [x for x in args.policies if x not in POLICY_NAMES]
         if bad:
             raise ValueError(f"unknown routing policy {bad[0]!r}: {', '.join(POLICY_NAMES)}")
+        if args.max_replicas < 1:
+            raise ValueError("--max-replicas must be at least 1")
         space = PlanSpace(tuple(args.gpus), tuple(args.tp), tuple(args.max_num_seqs), tuple(args.policies),
-                          args.max_replicas)
+                          args.max_replicas, args.spare)
         settings = _roofline_settings(args)
     except (ValueError, FileNotFoundError) as e:
         return _fail("plan", e)
@@ -262,5 +288,22 @@ def run_plan(args: argparse.Namespace) -> int:
     reqs = make_requests(spec)
     _log(f"planning for {len(reqs)} requests over {spec.duration_s:g} s")
     res = search(model, shape, spec, reqs, slo, space, settings, price, progress=_log)
+    trials = res.pop("trials")
+
+    def run_checks(c: dict) -> dict:
+        _log(f"checking {c['label']} against the loss of a replica and of a region")
+        trial = trials[c["label"]]
+        return checks(trial, c, lambda counts: trial.candidate(counts))
+
+    def run_headroom(c: dict) -> dict:
+        return headroom(trials[c["label"]], c["replicas"], _log)
+
+    res["answer"] = answer(res, shape.params, args.price_tier, args.provider, args.prices, run_checks, run_headroom)
+    chosen = res["cheapest"]
+    res["load_curve"] = chosen["timeline"] if chosen else []  # the peak traffic and the replicas that serve it
+    res["cheapest"] = brief(chosen) if chosen else None
+    for key in ("passing", "frontier", "candidates"):
+        res[key] = [brief(c) for c in res[key]]
+    res["model"] = {"name": shape.name, "params": shape.params}
     _write(args, res, render_plan(res), "plan", "argosy plan")
     return 0

@@ -32,6 +32,7 @@ STEP, READY, TICK, FAIL, RECOVER, SAMPLE = range(6)
 @dataclass(frozen=True)
 class SimSettings:
     replicas: int | None = None  # fixed replicas per region; None: the autoscaler decides
+    replicas_by_region: tuple[tuple[str, int], ...] = ()  # with `replicas`: these regions' own fixed counts
     sample_s: float = 1.0  # timeline resolution
     drain_limit_s: float = 600.0  # after the last arrival, stop simulating in-flight requests after this
     initial_replicas: tuple[tuple[str, int], ...] = ()  # (region, ready replicas at t=0) with the autoscaler
@@ -79,6 +80,9 @@ class FleetSim:
                         or METRICS[model.autoscaling.metric].needs_scrape)
         self.ids = itertools.count()
         self.by_name: dict[str, SimReplica] = {}
+
+    def fixed_replicas(self, region: str) -> int:
+        return dict(self.s.replicas_by_region).get(region, self.s.replicas or 0)
 
     # ------------------------------------------------------------------ events
 
@@ -245,7 +249,8 @@ class FleetSim:
         region = next(r for r in self.regions if r.name == f.region)
         if f.replica is None:
             region.down = False
-            want = self.s.replicas if self.s.replicas is not None else max(self.model.autoscaling.min_replicas, 1)
+            want = (self.fixed_replicas(region.name) if self.s.replicas is not None
+                    else max(self.model.autoscaling.min_replicas, 1))
             for _ in range(want):
                 self.start_replica(region, self.now)
         elif region.scaler is None:
@@ -259,6 +264,10 @@ class FleetSim:
             row["queue"] += sum(len(r.sched.waiting) for r in ready) + len(region.pending)
             row["running"] += sum(len(r.sched.running) for r in ready)
         row["starting"] = sum(1 for r in self.all_replicas if r.stopped_s is None and r.now_starting(self.now))
+        # Cumulative busy and prefill seconds of every replica: a window's GPU busy share and input/output
+        # time split are differences of two rows (results.steady_window).
+        row["busy_s"] = round(sum(r.busy_s for r in self.all_replicas), 6)
+        row["prefill_s"] = round(sum(r.prefill_s for r in self.all_replicas), 6)
         self.timeline.append(row)
 
     # ------------------------------------------------------------------ the loop
@@ -270,7 +279,7 @@ class FleetSim:
                 region.scaler = Autoscaler(a, lambda: self.now)
                 n = dict(self.s.initial_replicas).get(region.name, max(a.min_replicas, 1))
             else:
-                n = self.s.replicas
+                n = self.fixed_replicas(region.name)
             for _ in range(n):
                 self.start_replica(region, 0.0, cold=False)  # the fleet is up when the run starts
             self.push(a.tick_s, TICK, region)

@@ -11,6 +11,7 @@ imports come on top).
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import random
 import statistics
@@ -22,7 +23,7 @@ import numpy as np
 from argosy.engine.config import EngineConfig
 from argosy.engine.llm_engine import LLMEngine
 from argosy.engine.sampling_params import SamplingParams
-from argosy.sim.profile import StepProfile
+from argosy.sim.profile import StepProfile, model_shape
 
 Obs = tuple[int, int, int, int, float]  # prefill tokens, decode sequences, KV tokens, prefill attention, seconds
 
@@ -146,11 +147,14 @@ def measure_profile(model: str, *, max_num_seqs: int = 64, token_budget: int = 5
         f"us/decode seq + {per_kv * 1e9:.2f} ns/KV token + {per_attn * 1e9:.3f} ns/prefill query x context token "
         f"(mean error {err * 100:.1f}%; {outliers} of {len(obs)} steps left out as outliers)")
     engine.close()
+    params = None
+    with contextlib.suppress(ValueError, KeyError):  # a checkpoint without a config.json: size unknown
+        params = model_shape(str(model)).params
     return StepProfile(
         name=f"{model} on this CPU (measured)", gpu="cpu", source="measured", combine="sum", base_s=base,
         per_prefill_token_s=per_tok, per_decode_seq_s=per_seq, mem_base_s=0.0, per_kv_token_s=per_kv,
         per_prefill_attn_s=per_attn, decode_table=tuple(table), prefill_table=tuple(prefills),
         num_blocks=engine.kv.num_blocks, block_size=cfg.block_size, cold_start_s=cold_start,
-        notes={"max_num_seqs": max_num_seqs, "token_budget": token_budget, "fit_mean_rel_error": err,
+        notes={"max_num_seqs": max_num_seqs, "token_budget": token_budget, "fit_mean_rel_error": err, "params": params,
                "fit_outliers": outliers,
                "observations": [list(o) for o in obs]})

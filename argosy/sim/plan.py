@@ -1,8 +1,11 @@
 """`argosy plan`: the cheapest fleet that meets the SLOs for a traffic file, and the cost/latency frontier.
 
-For every GPU type x TP size x max_num_seqs x routing policy, the replicas per region are searched:
-doubling while the SLOs fail (more replicas only while they fail), then bisecting down to the fewest
-that pass. Each try is one simulation with a fixed replica count (no autoscaler: this sizes the peak).
+For every GPU type x TP size x max_num_seqs x routing policy, each region's replica count is searched
+on its own: counts double in the regions that fail their SLO until every region passes, then each
+region bisects down to the fewest that pass (one simulation per step serves every region, since regions
+only interact when one fails). Each try is one simulation with fixed counts (no autoscaler: this sizes
+the peak). `spare` then grows the cheapest fleets until they survive the loss of a replica in any region
+or of a whole region (plan_checks.py), and plan_answer.py prices the answer.
 """
 
 from __future__ import annotations
@@ -13,8 +16,8 @@ from dataclasses import dataclass
 from argosy.config import ModelConfig
 from argosy.sim.fleet import FleetSim, SimSettings
 from argosy.sim.profile import ModelShape, RooflineSettings, StepProfile, roofline_profile
-from argosy.sim.results import SLO, summarize
-from argosy.sim.traffic import Requests, TrafficSpec
+from argosy.sim.results import SLO, attainment_by_region, summarize
+from argosy.sim.traffic import Failure, Requests, TrafficSpec
 
 
 @dataclass(frozen=True)
@@ -24,26 +27,98 @@ class PlanSpace:
     max_num_seqs: tuple[int, ...] = (256,)
     policies: tuple[str, ...] = ("least_load",)
     max_replicas: int = 64  # per region
+    spare: str = "none"  # none | replica | region: what the chosen fleet must survive
 
 
-def _try(model: ModelConfig, profile: StepProfile, spec: TrafficSpec, reqs: Requests, slo: SLO, replicas: int,
-         price: float | None) -> dict:
-    sim = FleetSim(model, profile, spec, reqs, SimSettings(replicas=replicas))
-    sim.run()
-    res = summarize(sim, slo, warmup_s=min(10.0, spec.duration_s / 10))
-    gpus = replicas * len(spec.regions) * profile.gpus_per_replica
-    return {"gpu": profile.gpu, "tp": profile.gpus_per_replica, "max_num_seqs": model.engine.max_num_seqs,
-            "policy": model.routing.policy, "replicas_per_region": replicas, "gpus": gpus,
-            "usd_per_hour": round(gpus * price, 4) if price is not None else None,
-            "ttft_p99_s": res["ttft_s"]["p99"], "tpot_p99_s": res["tpot_s"]["p99"],
-            "attainment": res["slo"]["attainment"], "met": res["slo"]["met"]}
+@dataclass
+class Trial:
+    """One configuration (GPU, TP, batch limit, policy) and the simulations run for it."""
+    model: ModelConfig
+    profile: StepProfile
+    spec: TrafficSpec
+    reqs: Requests
+    slo: SLO
+    price: float | None  # $ per GPU-hour
+    label: str
+
+    def warmup_s(self) -> float:
+        return min(10.0, self.spec.duration_s / 10)  # fixed fleets are up at t=0: only the caches warm
+
+    def simulate(self, counts: dict[str, int], down: str | None = None) -> tuple[FleetSim, dict]:
+        spec = self.spec
+        if down is not None:  # the region fails once the warm-up is over and stays down
+            spec = spec.model_copy(update={"failures": [Failure(region=down, at_s=self.warmup_s(),
+                                                                duration_s=spec.duration_s * 10)]})
+        settings = SimSettings(replicas=max(counts.values()), replicas_by_region=tuple(sorted(counts.items())))
+        sim = FleetSim(self.model, self.profile, spec, self.reqs, settings)
+        sim.run()
+        return sim, summarize(sim, self.slo, warmup_s=self.warmup_s())
+
+    def candidate(self, counts: dict[str, int], down: str | None = None) -> dict:
+        sim, res = self.simulate(counts, down)
+        by_region = attainment_by_region(sim, self.slo, self.warmup_s())
+        gpus = sum(counts.values()) * self.profile.gpus_per_replica
+        return {"gpu": self.profile.gpu, "tp": self.profile.gpus_per_replica,
+                "max_num_seqs": self.model.engine.max_num_seqs, "policy": self.model.routing.policy,
+                "replicas": dict(counts), "replicas_per_region": max(counts.values()), "gpus": gpus,
+                "usd_per_hour": round(gpus * self.price, 4) if self.price is not None else None,
+                "ttft_p99_s": res["ttft_s"]["p99"], "tpot_p99_s": res["tpot_s"]["p99"],
+                "attainment": res["slo"]["attainment"], "attainment_by_region": by_region,
+                "met": all(a >= self.slo.attainment for a in by_region.values()),
+                "steady": res["steady"], "region_load": region_load(sim), "timeline": res["timeline"]}
+
+
+def region_load(sim: FleetSim) -> dict[str, dict]:
+    """Per region: requests served, tokens and GPU busy share (whole run: fixed fleets start warm)."""
+    out = {}
+    end = max(sim.now, sim.spec.duration_s)  # replicas keep serving the last arrivals after the traffic ends
+    for idx, region in enumerate(sim.regions):
+        reps = [r for r in sim.all_replicas if r.region == idx]
+        life = sum(max((r.stopped_s if r.stopped_s is not None else end) - r.started_s, 0.0) for r in reps)
+        served = [q for q in sim.done if q.replica.startswith(f"{region.name}-")]
+        tokens_in = sum(q.prompt_tokens + len(sim.prefix_tokens.get(q.prefix_group, ())) for q in served)
+        out[region.name] = {"requests": len(served), "input_tokens": int(tokens_in),
+                            "output_tokens": int(sum(q.output_tokens for q in served)),
+                            "busy_share": round(min(sum(r.busy_s for r in reps) / life, 1.0), 4) if life else 0.0,
+                            "prefill_share": round(sum(r.prefill_s for r in reps)
+                                                   / max(sum(r.busy_s for r in reps), 1e-9), 4)}
+    return out
+
+
+def fewest_passing(trial: Trial, regions: list[str], max_replicas: int, run: Callable[[dict], dict]) -> dict | None:
+    """The fewest replicas per region that meet the SLO in every region, or None within max_replicas."""
+    counts = dict.fromkeys(regions, 1)
+    while True:
+        c = run(counts)
+        failing = [r for r in regions if c["attainment_by_region"][r] < trial.slo.attainment]
+        if not failing:
+            break
+        if all(counts[r] >= max_replicas for r in failing):
+            return None
+        counts = {r: min(n * 2, max_replicas) if r in failing else n for r, n in counts.items()}
+    lo = {r: n // 2 + 1 if n > 1 else 1 for r, n in counts.items()}  # the fewest passing lie in (n/2, n]
+    hi = dict(counts)
+    while any(lo[r] < hi[r] for r in regions):
+        mid = {r: (lo[r] + hi[r]) // 2 if lo[r] < hi[r] else hi[r] for r in regions}
+        c = run(mid)
+        for r in regions:
+            if lo[r] < hi[r]:
+                if c["attainment_by_region"][r] >= trial.slo.attainment:
+                    hi[r] = mid[r]
+                else:
+                    lo[r] = mid[r] + 1
+    return run(hi)
 
 
 def search(model: ModelConfig, shape: ModelShape, spec: TrafficSpec, reqs: Requests, slo: SLO, space: PlanSpace,
            roofline: RooflineSettings, prices: Callable[[str], float | None],
            progress: Callable[[str], None] = print) -> dict:
+    from argosy.sim.plan_checks import with_spare
+
     tried: list[dict] = []
     best: list[dict] = []
+    trials: dict[str, Trial] = {}
+    regions = [r.name for r in spec.regions]
     for gpu in space.gpus:
         price = prices(gpu)
         for tp in space.tps:
@@ -57,29 +132,30 @@ def search(model: ModelConfig, shape: ModelShape, spec: TrafficSpec, reqs: Reque
                     routing = model.routing.model_copy(update={"policy": policy, "scorers": None})  # the preset
                     m = model.model_copy(update={"engine": model.engine.model_copy(update={"max_num_seqs": seqs}),
                                                  "routing": routing})
-                    cache: dict[int, dict] = {}
-                    label = f"{gpu} TP {tp} max_num_seqs {seqs} {policy}"
+                    trial = Trial(m, profile, spec, reqs, slo, price, f"{gpu} TP {tp} max_num_seqs {seqs} {policy}")
+                    cache: dict[tuple, dict] = {}
 
-                    def run(n: int, m=m, profile=profile, cache=cache, price=price, label=label) -> dict:
-                        if n not in cache:
-                            cache[n] = _try(m, profile, spec, reqs, slo, n, price)
-                            tried.append(cache[n])
-                            c = cache[n]
-                            ttft_ms = (c["ttft_p99_s"] or 0) * 1000
-                            progress(f"{label}: {n} replicas/region -> p99 TTFT {ttft_ms:.0f} ms, "
-                                     f"attainment {c['attainment']:.3f} {'ok' if c['met'] else 'fails'}")
-                        return cache[n]
+                    def run(counts: dict, trial=trial, cache=cache) -> dict:
+                        key = tuple(sorted(counts.items()))
+                        if key not in cache:
+                            c = cache[key] = trial.candidate(counts)
+                            tried.append(c)
+                            where = ", ".join(f"{r} {n}" for r, n in counts.items()) if len(counts) > 1 \
+                                else f"{next(iter(counts.values()))}"
+                            progress(f"{trial.label}: {where} replicas -> p99 TTFT {(c['ttft_p99_s'] or 0) * 1000:.0f}"
+                                     f" ms, attainment {c['attainment']:.3f} {'ok' if c['met'] else 'fails'}")
+                        return cache[key]
 
-                    n = 1
-                    while not run(n)["met"] and n < space.max_replicas:
-                        n = min(n * 2, space.max_replicas)
-                    if not run(n)["met"]:
+                    found = fewest_passing(trial, regions, space.max_replicas, run)
+                    if found is None:
                         continue
-                    lo, hi = n // 2 + 1 if n > 1 else 1, n  # the fewest passing in (n/2, n]
-                    while lo < hi:
-                        mid = (lo + hi) // 2
-                        lo, hi = (lo, mid) if run(mid)["met"] else (mid + 1, hi)
-                    best.append(run(hi))
+                    if space.spare != "none":
+                        found = with_spare(trial, found, space.spare, space.max_replicas, run, progress)
+                        if found is None:
+                            continue
+                    found["label"] = trial.label
+                    trials[trial.label] = trial
+                    best.append(found)
     cost = (lambda c: (c["usd_per_hour"], c["gpus"])) if all(c["usd_per_hour"] is not None for c in tried) \
         else (lambda c: (c["gpus"],))
     best.sort(key=cost)
@@ -89,20 +165,10 @@ def search(model: ModelConfig, shape: ModelShape, spec: TrafficSpec, reqs: Reque
             frontier.append(c)
             best_ttft = c["ttft_p99_s"]
     return {"cheapest": best[0] if best else None, "passing": best, "frontier": frontier, "candidates": tried,
+            "trials": trials, "regions": regions,
             "slo": {"ttft_s": slo.ttft_s, "tpot_s": slo.tpot_s, "attainment": slo.attainment}}
 
 
-def render_plan(res: dict) -> str:
-    def row(c: dict) -> str:
-        usd = f"${c['usd_per_hour']:.2f}/h" if c["usd_per_hour"] is not None else "-"
-        return (f"  {c['gpu']:>5} TP{c['tp']} seqs {c['max_num_seqs']:>4} {c['policy']:<11} "
-                f"{c['replicas_per_region']:>3}/region {c['gpus']:>4} GPUs {usd:>12}  p99 TTFT "
-                f"{(c['ttft_p99_s'] or 0) * 1000:7.0f} ms  p99 TPOT {(c['tpot_p99_s'] or 0) * 1000:6.1f} ms  "
-                f"attainment {c['attainment']:.3f}{'' if c['met'] else '  (fails)'}")
-
-    lines = ["cost vs latency frontier (cheapest first):", *map(row, res["frontier"])]
-    if res["cheapest"] is None:
-        lines.append("no fleet in the search space meets the SLOs: widen it (--gpus, --tp, --max-replicas)")
-    else:
-        lines += ["cheapest fleet meeting the SLOs:", row(res["cheapest"])]
-    return "\n".join(lines)
+def brief(c: dict) -> dict:
+    """A candidate without its bulky parts (timeline, steady window), for the JSON's long lists."""
+    return {k: v for k, v in c.items() if k not in ("timeline", "steady", "region_load", "checks")}

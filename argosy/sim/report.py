@@ -43,13 +43,31 @@ def week_charts(res: dict) -> list[str]:
 
 
 def plan_charts(res: dict) -> list[str]:
-    pts = [c for c in res["candidates"] if c.get("usd_per_hour") is not None]
+    """The frontier on log axes with the SLO line, each GPU type's best, and the load curve of the choice."""
+    cands = res["candidates"]
+    key = "usd_per_hour" if cands and all(c.get("usd_per_hour") is not None for c in cands) else "gpus"
+    xlabel = "$ per hour (log)" if key == "usd_per_hour" else "GPUs (log)"
     front = res["frontier"]
-    key = "usd_per_hour" if pts else "gpus"
-    return [chart([Series("all tried", [c[key] for c in res["candidates"]],
-                          [(c["ttft_p99_s"] or 0) * 1000 for c in res["candidates"]]),
-                   Series("frontier", [c[key] for c in front], [(c["ttft_p99_s"] or 0) * 1000 for c in front])],
-                  "Cost against p99 TTFT", "$ per hour" if pts else "GPUs", "p99 TTFT (ms)", kind="scatter")]
+    slo_ms = (res["slo"].get("ttft_s") or 0) * 1000
+    hl = ((slo_ms, f"TTFT SLO {slo_ms:g} ms"),) if slo_ms else ()
+    pts = lambda cs: ([c[key] for c in cs], [(c["ttft_p99_s"] or 0) * 1000 for c in cs])  # noqa: E731
+    charts = [chart([Series("all tried", *pts(cands)), Series("frontier", *pts(front))],
+                    "Cost against p99 TTFT", xlabel, "p99 TTFT (ms, log)", kind="scatter", log_x=True, log_y=True,
+                    hlines=hl)]
+    best = (res.get("answer") or {}).get("by_gpu") or []
+    if best:
+        charts.append(chart([Series(f"{b['gpu']} TP{b['tp']} ({b['gpus']} GPUs)", *pts([b])) for b in best],
+                            "Each GPU type's cheapest passing fleet", xlabel, "p99 TTFT (ms, log)", kind="scatter",
+                            log_x=True, log_y=True, hlines=hl))
+    tl = res.get("load_curve") or []
+    if tl:
+        xs = [row["t"] for row in tl]
+        charts.append(chart([Series("running", xs, [row["running"] for row in tl]),
+                             Series("waiting", xs, [row["queue"] for row in tl])],
+                            "The chosen fleet under the peak: requests in the system", "time (s)", "requests"))
+        charts.append(chart([Series(r, xs, [row["replicas"][r] for row in tl]) for r in tl[0]["replicas"]],
+                            "Replicas serving it, by region", "time (s)", "replicas"))
+    return charts
 
 
 def write_html(path: str | Path, title: str, summary: str, res: dict, kind: str) -> None:

@@ -1,7 +1,8 @@
 """The figures of one simulated run: latency percentiles, SLO attainment, goodput, GPU-hours and cost.
 
 The result JSON's top-level keys `duration_s`, `gpu_hours`, `input_tokens`, `output_tokens` and
-`token_time_split` are what `argosy cost --sim result.json` reads; keep them.
+`token_time_split` cover the whole run; `steady` holds the same keys for the window after the warm-up,
+which `argosy cost --sim result.json` prices by default, with `slo` (what it is pricing) and `model`.
 """
 
 from __future__ import annotations
@@ -66,20 +67,83 @@ def request_overheads(profile: StepProfile, rids: list[int]) -> np.ndarray:
     return np.array(q)[spread]
 
 
-def summarize(sim: FleetSim, slo: SLO, warmup_s: float = 0.0, prices: dict[str, float] | None = None) -> dict:
-    """The result dict. Requests arriving in the first `warmup_s` count for tokens and GPU time but not for
-    latency (a week level is measured in steady state)."""
-    duration = sim.spec.duration_s
-    done = [r for r in sim.done if r.arrival_s >= warmup_s]
-    failed = [r for r in sim.failed if r.arrival_s >= warmup_s]
+def latencies(sim: FleetSim, done: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """TTFT, TPOT and E2E (s) of finished requests, with what serving adds outside the engine."""
+    if not done:
+        return np.array([]), np.array([]), np.array([])
     arr = np.array([r.arrival_s for r in done])
     first = np.array([r.first_token_s for r in done])
     fin = np.array([r.finish_s for r in done])
     extra = np.array([r.extra_latency_s for r in done]) + request_overheads(sim.profile, [r.rid for r in done])
     outs = np.array([r.output_tokens for r in done])
-    ttft = first - arr + extra if len(done) else np.array([])
-    e2e = fin - arr + extra if len(done) else np.array([])
-    tpot = np.where(outs > 1, (fin - first) / np.maximum(outs - 1, 1), 0.0) if len(done) else np.array([])
+    tpot = np.where(outs > 1, (fin - first) / np.maximum(outs - 1, 1), 0.0)
+    return first - arr + extra, tpot, fin - arr + extra
+
+
+def attainment_by_region(sim: FleetSim, slo: SLO, warmup_s: float) -> dict[str, float]:
+    """Share of each origin region's requests (arrived after the warm-up) that met every SLO; failed count as missed."""
+    out = {}
+    for idx, region in enumerate(sim.regions):
+        done = [r for r in sim.done if r.arrival_s >= warmup_s and r.region == idx]
+        failed = sum(1 for r in sim.failed if r.arrival_s >= warmup_s and r.region == idx)
+        ttft, tpot, e2e = latencies(sim, done)
+        total = len(done) + failed
+        out[region.name] = float(slo.met(ttft, tpot, e2e).sum() / total) if total else 1.0
+    return out
+
+
+def replica_hours(sim: FleetSim, start_s: float, end_s: float) -> dict[str, float]:
+    """GPU-hours by GPU type of every replica's life (started, not yet stopped) within [start_s, end_s]."""
+    out: dict[str, float] = {}
+    for rep in sim.all_replicas:
+        end = min(rep.stopped_s if rep.stopped_s is not None else end_s, end_s)
+        hours = max(end - max(rep.started_s, start_s), 0.0) * rep.profile.gpus_per_replica / 3600
+        out[rep.profile.gpu] = out.get(rep.profile.gpu, 0.0) + hours
+    return out
+
+
+def _row_at(timeline: list[dict], t: float) -> dict | None:
+    """The last timeline row at or before t."""
+    rows = [row for row in timeline if row["t"] <= t + 1e-9]
+    return rows[-1] if rows else None
+
+
+def steady_window(sim: FleetSim, warmup_s: float) -> dict:
+    """The cost inputs over [warmup_s, duration]: what a fleet costs once it has settled, without the run-up
+    from its first replicas (cold starts, an autoscaler catching up, an empty prefix cache)."""
+    duration = sim.spec.duration_s
+    gpu_hours = replica_hours(sim, warmup_s, duration)
+    done = [r for r in sim.done if r.arrival_s >= warmup_s]
+    input_tokens = sum(r.prompt_tokens + len(sim.prefix_tokens.get(r.prefix_group, ())) for r in done)
+    output_tokens = sum(r.output_tokens for r in done)
+    tl = sim.timeline
+    first, last = _row_at(tl, warmup_s), _row_at(tl, duration)
+    busy = prefill = 0.0
+    if first is not None and last is not None and "busy_s" in last:
+        busy, prefill = last["busy_s"] - first["busy_s"], last["prefill_s"] - first["prefill_s"]
+    split_in = prefill / busy if busy > 0 else 0.0
+    gpu_s = sum(gpu_hours.values()) * 3600 / max(sim.profile.gpus_per_replica, 1)  # replica-seconds
+    return {"from_s": float(warmup_s), "duration_s": float(duration - warmup_s),
+            "gpu_hours": {g: round(h, 6) for g, h in gpu_hours.items()},
+            "input_tokens": int(input_tokens), "output_tokens": int(output_tokens), "requests": len(done),
+            "token_time_split": {"input": round(split_in, 6), "output": round(1 - split_in, 6)},
+            "gpu_busy_share": round(min(busy / gpu_s, 1.0), 6) if gpu_s > 0 else 0.0}
+
+
+def auto_warmup_s(duration_s: float, cold_start_s: float, autoscaled: bool) -> float:
+    """The warm-up `argosy sim` leaves out by default: a tenth of the run, and with an autoscaler at least two
+    cold starts (the first scale-up and the one it triggers), at most half the run."""
+    return min(duration_s / 2, max(duration_s / 10, 2 * cold_start_s if autoscaled else 0.0))
+
+
+def summarize(sim: FleetSim, slo: SLO, warmup_s: float = 0.0, prices: dict[str, float] | None = None) -> dict:
+    """The result dict. Requests arriving in the first `warmup_s` count for the whole run's tokens and GPU
+    time but not for latency nor for the `steady` window (a week level is measured in steady state)."""
+    duration = sim.spec.duration_s
+    done = [r for r in sim.done if r.arrival_s >= warmup_s]
+    failed = [r for r in sim.failed if r.arrival_s >= warmup_s]
+    outs = np.array([r.output_tokens for r in done])
+    ttft, tpot, e2e = latencies(sim, done)
     itl = [x for rep in sim.all_replicas for x in rep.itl]
     itl_v = np.array([g for g, _ in itl])
     itl_w = np.array([w for _, w in itl], dtype=float)
@@ -87,14 +151,9 @@ def summarize(sim: FleetSim, slo: SLO, warmup_s: float = 0.0, prices: dict[str, 
     total = len(done) + len(failed)
     attainment = float(met.sum() / total) if total else 1.0
     window = max(duration - warmup_s, 1e-9)
-    gpu_hours: dict[str, float] = {}
-    busy = prefill = 0.0
-    for rep in sim.all_replicas:
-        end = min(rep.stopped_s if rep.stopped_s is not None else duration, duration)
-        hours = max(end - rep.started_s, 0.0) * rep.profile.gpus_per_replica / 3600
-        gpu_hours[rep.profile.gpu] = gpu_hours.get(rep.profile.gpu, 0.0) + hours
-        busy += rep.busy_s
-        prefill += rep.prefill_s
+    gpu_hours = replica_hours(sim, 0.0, duration)
+    busy = sum(rep.busy_s for rep in sim.all_replicas)
+    prefill = sum(rep.prefill_s for rep in sim.all_replicas)
     all_done = sim.done
     input_tokens = sum(r.prompt_tokens + len(sim.prefix_tokens.get(r.prefix_group, ())) for r in all_done)
     output_tokens = sum(r.output_tokens for r in all_done)
@@ -124,6 +183,8 @@ def summarize(sim: FleetSim, slo: SLO, warmup_s: float = 0.0, prices: dict[str, 
         "queue_depth": pct(np.array([row["queue"] for row in tl], dtype=float)),
         "max_replicas": max((sum(row["replicas"].values()) for row in tl), default=0),
         "cost": cost,
+        "steady": steady_window(sim, warmup_s),
+        "model": {"name": sim.model.name, "params": sim.profile.notes.get("params")},
         "profile": sim.profile.name,
         "timeline": tl,
         "scaling_decisions": sim.decisions[-200:],
@@ -135,10 +196,11 @@ def render_text(res: dict) -> str:
         return "  ".join(f"{k} {v * 1000:.1f} ms" if v is not None else f"{k} -" for k, v in d.items())
 
     slo = res["slo"]
+    warm = res["requests"]["measured_from_s"]
     lines = [
         f"profile: {res['profile']}",
         f"requests: {res['requests']['completed']} completed, {res['requests']['failed']} failed "
-        f"over {res['duration_s']:g} s",
+        f"over {res['duration_s']:g} s" + (f" (latencies from {warm:g} s on: the warm-up is left out)" if warm else ""),
         f"TTFT  {ms(res['ttft_s'])}", f"TPOT  {ms(res['tpot_s'])}", f"ITL   {ms(res['itl_s'])}",
         f"E2E   {ms(res['e2e_s'])}",
         f"throughput: {res['throughput']['requests_per_s']:.2f} req/s, "
@@ -150,6 +212,11 @@ def render_text(res: dict) -> str:
         f"preemptions: {res['preemptions']}; peak replicas: {res['max_replicas']}",
         "GPU-hours: " + ", ".join(f"{g} {h:.3f} h" for g, h in res["gpu_hours"].items()),
     ]
+    st = res.get("steady")
+    if st and warm:
+        lines.append(f"steady state ({st['from_s']:g}-{res['duration_s']:g} s, what `argosy cost --sim` prices): "
+                     + ", ".join(f"{g} {h:.3f} h" for g, h in st["gpu_hours"].items())
+                     + f", GPUs busy {st['gpu_busy_share'] * 100:.0f}%")
     if res["cost"] is not None:
         lines.append(f"cost: ${res['cost']['usd']:.2f}")
     return "\n".join(lines)

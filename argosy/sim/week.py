@@ -52,18 +52,22 @@ def hourly_levels(spec: TrafficSpec, level_step: float = 0.05) -> list[Level]:
 
 
 def weigh(results: list[tuple[Level, dict]], spec: TrafficSpec, level_s: float, warmup_s: float) -> dict:
-    """Combines the levels' results into one week (see the module docstring)."""
-    scale = lambda lv: len(lv.hours) * 3600 / level_s  # noqa: E731 - level seconds -> week seconds
+    """Combines the levels' results into one week (see the module docstring). GPU-hours and tokens come
+    from each level's steady window (after its warm-up), scaled to the hours the level stands for."""
+    def window(r: dict) -> dict:
+        return r.get("steady") or r
+
+    scale = lambda lv, r: len(lv.hours) * 3600 / window(r).get("duration_s", level_s)  # noqa: E731 - to week s
     gpu: dict[str, float] = {}
     for lv, r in results:
-        for g, h in r["gpu_hours"].items():
-            gpu[g] = gpu.get(g, 0.0) + h * scale(lv)
-    tokens_in = sum(r["input_tokens"] * scale(lv) for lv, r in results)
-    tokens_out = sum(r["output_tokens"] * scale(lv) for lv, r in results)
-    busy_in = sum(r["token_time_split"]["input"] * r["gpu_busy_share"] * sum(r["gpu_hours"].values()) * scale(lv)
-                  for lv, r in results)
-    busy = sum(r["gpu_busy_share"] * sum(r["gpu_hours"].values()) * scale(lv) for lv, r in results)
-    split_in = busy_in / busy if busy else 0.0
+        for g, h in window(r)["gpu_hours"].items():
+            gpu[g] = gpu.get(g, 0.0) + h * scale(lv, r)
+    tokens_in = sum(window(r)["input_tokens"] * scale(lv, r) for lv, r in results)
+    tokens_out = sum(window(r)["output_tokens"] * scale(lv, r) for lv, r in results)
+    busy_by = [(window(r)["gpu_busy_share"] * sum(window(r)["gpu_hours"].values()) * scale(lv, r),
+                window(r)["token_time_split"]["input"]) for lv, r in results]
+    busy = sum(b for b, _ in busy_by)
+    split_in = sum(b * s for b, s in busy_by) / busy if busy else 0.0
     hours = sum(len(lv.hours) for lv, _ in results)
     reqs = [(lv, r, r["requests"]["completed"] + r["requests"]["failed"]) for lv, r in results]
     weight_req = sum(n * len(lv.hours) for lv, _, n in reqs) or 1
@@ -81,8 +85,8 @@ def weigh(results: list[tuple[Level, dict]], spec: TrafficSpec, level_s: float, 
         "gpu_busy_share": round(busy / sum(gpu.values()), 6) if sum(gpu.values()) else 0.0,
         "levels": [{"rate_rps": lv.rate, "down": list(lv.down), "hours": len(lv.hours), "hours_of_week": lv.hours,
                     "replicas": r["max_replicas"], "ttft_p99_s": r["ttft_s"]["p99"], "tpot_p99_s": r["tpot_s"]["p99"],
-                    "attainment": r["slo"]["attainment"], "gpu_hours_per_hour": sum(r["gpu_hours"].values())
-                    * 3600 / level_s} for lv, r in results],
+                    "attainment": r["slo"]["attainment"], "gpu_hours_per_hour": sum(window(r)["gpu_hours"].values())
+                    * 3600 / window(r).get("duration_s", level_s)} for lv, r in results],
         "attainment": sum(r["slo"]["attainment"] * n * len(lv.hours) for lv, r, n in reqs) / weight_req,
         "level_s": level_s, "warmup_s": warmup_s, "hours": hours,
     }

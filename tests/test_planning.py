@@ -1,0 +1,138 @@
+"""Capacity planning that answers the operator: honest cost from a simulation (steady state, SLO stated or
+refused, APIs of a comparable size), `argosy plan`'s answer and its JSON priced by `argosy cost --plan`,
+and `argosy profile --gpu`'s capacity table."""
+
+import json
+
+import pytest
+
+from argosy.cli import main
+
+
+def _traffic(tmp_path, name="t.yaml", **over):
+    spec = {"duration_s": 40, "rate": 20, "prompt_tokens": {"mean": 256}, "output_tokens": {"mean": 32}}
+    spec.update(over)
+    path = tmp_path / name
+    path.write_text(json.dumps(spec))  # JSON is YAML
+    return str(path)
+
+
+def _fleet(tmp_path, **autoscaling):
+    path = tmp_path / "fleet.yaml"
+    path.write_text(json.dumps({"models": [{"name": "m", "autoscaling": {"tick_s": 1, **autoscaling}}]}))
+    return str(path)
+
+
+def _sim(tmp_path, capsys, argv, name="r.json"):
+    out = tmp_path / name
+    assert main(["sim", *argv, "--gpu", "H100", "--model-config", "llama-3.1-8b", "-o", str(out)]) == 0
+    capsys.readouterr()
+    return str(out), json.loads(out.read_text())
+
+
+def test_sim_leaves_the_warm_up_out_of_the_priced_window(tmp_path, capsys):
+    # An autoscaled fleet starting from one replica with a 10 s cold start: the run-up is in the whole run's
+    # GPU-hours, not in the steady window that `argosy cost --sim` prices by default.
+    fleet = _fleet(tmp_path, min_replicas=1, max_replicas=8, target=4, stable_window_s=4, panic_window_s=2)
+    path, res = _sim(tmp_path, capsys, ["--config", fleet, "--traffic", _traffic(tmp_path, rate=40),
+                                        "--cold-start", "10s"])
+    st = res["steady"]
+    assert st["from_s"] == 20.0  # the default: two cold starts with an autoscaler
+    assert res["requests"]["measured_from_s"] == 20.0
+    whole, steady = res["gpu_hours"]["H100"], st["gpu_hours"]["H100"]
+    assert 0 < steady < whole
+    assert 0 < st["gpu_busy_share"] <= 1 and 0 < st["token_time_split"]["input"] < 1
+    assert main(["cost", "--sim", path, "--json", "--allow-slo-miss"]) == 0
+    est = json.loads(capsys.readouterr().out)
+    assert est["window"].startswith("steady state 20-40 s")
+    assert est["gpu_hours"] == pytest.approx(steady * 730 * 3600 / 20, rel=1e-3)
+    assert main(["cost", "--sim", path, "--json", "--include-warmup", "--allow-slo-miss"]) == 0
+    whole_est = json.loads(capsys.readouterr().out)
+    assert whole_est["gpu_hours"] == pytest.approx(whole * 730 * 3600 / 40, rel=1e-3)
+
+
+def test_cost_refuses_a_fleet_that_failed_its_slo_and_warns_when_asked(tmp_path, capsys):
+    # One A100 replica against 40 req/s of 512-token prompts cannot meet a 200 ms TTFT.
+    traffic = _traffic(tmp_path, rate=40, prompt_tokens={"mean": 512})
+    out = tmp_path / "fail.json"
+    assert main(["sim", "--traffic", traffic, "--gpu", "A100", "--model-config", "llama-3.1-8b", "--replicas", "1",
+                 "--slo-ttft", "200ms", "-o", str(out)]) == 0
+    assert json.loads(out.read_text())["slo"]["met"] is False
+    capsys.readouterr()
+    assert main(["cost", "--sim", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "missed its SLO" in err and "--allow-slo-miss" in err and len(err.strip().splitlines()) == 1
+    assert main(["cost", "--sim", str(out), "--allow-slo-miss"]) == 0
+    text = capsys.readouterr().out
+    assert "WARNING" in text and "NOT met" in text.split("Cost estimate")[0]
+
+
+def test_cost_says_what_it_prices_and_compares_apis_of_a_comparable_size(tmp_path, capsys):
+    path, res = _sim(tmp_path, capsys, ["--traffic", _traffic(tmp_path), "--replicas", "2"])
+    assert res["slo"]["met"] and res["model"]["params"] == pytest.approx(8.03e9, rel=0.01)
+    assert main(["cost", "--sim", path]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith("Pricing a fleet whose SLO attainment was 100.0% (target 90%): met.")
+    assert "8B" in text and "70B" not in text and "70b" not in text  # only the 8B-class APIs of the shipped book
+    assert main(["cost", "--sim", path, "--all-apis"]) == 0
+    assert "Llama-3.3-70B" in capsys.readouterr().out
+
+
+def test_plan_answers_per_region_and_its_json_feeds_cost(tmp_path, capsys):
+    traffic = _traffic(tmp_path, rate=30, regions=[{"name": "us", "share": 3}, {"name": "eu", "share": 1}])
+    out, html = tmp_path / "plan.json", tmp_path / "plan.html"
+    assert main(["plan", "--traffic", traffic, "--model-config", "llama-3.1-8b", "--gpus", "H100,A100",
+                 "--slo-ttft", "500ms", "-o", str(out), "--html", str(html)]) == 0
+    text = capsys.readouterr().out
+    res = json.loads(out.read_text())
+    a = res["answer"]
+    assert [r["region"] for r in a["regions"]] == ["us", "eu"]
+    for r in a["regions"]:  # every figure the operator asked for, with its unit in the text
+        assert r["usd_per_hour"] > 0 and r["usd_per_month"] == pytest.approx(r["usd_per_hour"] * 730, rel=1e-3)
+        assert r["usd_per_mtok_input"] > 0 and r["usd_per_mtok_output"] > 0 and r["attainment"] >= 0.9
+        assert r["headroom"]["max_rate_multiplier"] >= 1.0 and r["capacity_kind"] == "on_demand"
+    assert a["checks"]["replica_loss"] in (True, False) and a["checks"]["region_loss"] in (True, False)
+    assert {b["gpu"] for b in a["by_gpu"]} == {"H100", "A100"}  # each GPU type's best: the runner-up shown
+    assert a["cost"]["api_comparisons"] and all("8B" in c["api"] or "8b" in c["api"]
+                                                for c in a["cost"]["api_comparisons"])
+    assert "$/month" in text and "$/Mtok" in text and "survives the loss of a replica" in text
+    page = html.read_text()
+    assert "TTFT SLO 500 ms" in page and "Replicas serving it" in page
+    # The plan's JSON is what `argosy cost --plan` prices: the same fleet, the same monthly GPU bill.
+    assert main(["cost", "--plan", str(out), "--json"]) == 0
+    est = json.loads(capsys.readouterr().out)
+    assert est["gpu_usd"] == pytest.approx(a["usd_per_month"], rel=0.01)
+    assert est["slo"]["met"] is True and est["total_usd"] == pytest.approx(a["cost"]["total_usd"], rel=1e-6)
+    assert main(["cost", "--sim", str(out)]) == 2
+    assert "--plan" in capsys.readouterr().err
+
+
+def test_plan_spare_region_grows_the_fleet_until_it_survives_a_region_loss(tmp_path, capsys):
+    traffic = _traffic(tmp_path, rate=40, regions=[{"name": "a"}, {"name": "b"}])
+    base, spare = tmp_path / "base.json", tmp_path / "spare.json"
+    argv = ["plan", "--traffic", traffic, "--model-config", "llama-3.1-8b", "--slo-ttft", "300ms"]
+    assert main([*argv, "-o", str(base)]) == 0
+    assert main([*argv, "--spare", "region", "-o", str(spare)]) == 0
+    capsys.readouterr()
+    b, s = json.loads(base.read_text())["answer"], json.loads(spare.read_text())["answer"]
+    assert s["checks"]["region_loss"] is True
+    assert s["chosen"]["gpus"] >= b["chosen"]["gpus"]
+    if b["checks"]["region_loss"] is False:
+        assert s["chosen"]["gpus"] > b["chosen"]["gpus"]
+
+
+def test_profile_gpu_reports_tokens_per_second_and_the_batch_that_fits(tmp_path, capsys):
+    assert main(["profile", "--gpu", "H100", "--model-config", "llama-3.1-8b", "-o", str(tmp_path / "p.json")]) == 0
+    text = capsys.readouterr().out
+    assert "prefill" in text and "tokens/s" in text and "tok/s" in text
+    rows = [line.split() for line in text.splitlines() if line.strip().split(" ")[0].replace(",", "").isdigit()]
+    fits = [int(r[2].replace(",", "")) for r in rows]
+    assert len(rows) >= 5 and fits == sorted(fits, reverse=True) and fits[0] > fits[-1] > 0  # longer: fewer fit
+
+
+def test_log_axes_and_reference_lines_in_charts():
+    from argosy.bench.svg import Series, chart
+
+    svg = chart([Series("a", [1, 10, 1000], [0.5, 5, 50])], "t", "x", "y", log_x=True, log_y=True,
+                hlines=((20.0, "SLO 20"),))
+    assert ">1000<" in svg and ">0.1<" in svg and "SLO 20" in svg and "stroke-dasharray" in svg
