@@ -136,3 +136,17 @@ def test_log_axes_and_reference_lines_in_charts():
     svg = chart([Series("a", [1, 10, 1000], [0.5, 5, 50])], "t", "x", "y", log_x=True, log_y=True,
                 hlines=((20.0, "SLO 20"),))
     assert ">1000<" in svg and ">0.1<" in svg and "SLO 20" in svg and "stroke-dasharray" in svg
+
+
+def test_replicas_sharing_a_cpu_node_slow_each_other_down():
+    # Two replicas, a constant 10 ms step, steady load on both: on their own cores a decode step takes
+    # 10 ms; two busy replicas of one thread each on a one-core node take 20 ms; on two cores, 10 ms again.
+    from tests.test_sim import simulate
+
+    spec = {"duration_s": 30, "rate": 40, "prompt_tokens": {"mean": 64}, "output_tokens": {"mean": 40}}
+    _, alone = simulate(spec, replicas=2)
+    _, shared = simulate(spec, replicas=2, node_cores=1.0, replica_threads=1.0)
+    _, roomy = simulate(spec, replicas=2, node_cores=2.0, replica_threads=1.0)
+    assert alone["tpot_s"]["p50"] == pytest.approx(0.010)
+    assert shared["tpot_s"]["p50"] == pytest.approx(0.020, rel=0.05)
+    assert roomy["tpot_s"]["p50"] == pytest.approx(0.010)

@@ -164,6 +164,11 @@ def add_sim_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warmup", type=_warmup, default=None, metavar="DURATION",
                    help="left out of latencies and of the steady-state cost window (default: a tenth of the run, "
                         "with the autoscaler at least two cold starts, at most half the run)")
+    p.add_argument("--node-cores", type=float, default=None, metavar="CORES",
+                   help="CPU replicas sharing one node of this many cores: busy replicas slow each other down "
+                        "(default: each replica has its own hardware)")
+    p.add_argument("--replica-threads", type=float, default=1.0, metavar="THREADS",
+                   help="with --node-cores: the threads each replica's engine runs (1)")
     p.add_argument("--week", action="store_true", help="plan a week from its distinct hourly load levels")
     p.add_argument("--level-duration", type=seconds, default=60.0,
                    help="--week: seconds simulated per level, the first third a warm-up (60)")
@@ -204,7 +209,10 @@ def run_sim(args: argparse.Namespace) -> int:
     except (ValueError, FileNotFoundError) as e:
         return _fail("sim", e)
     prices = gpu_prices([profile.gpu], args.price_tier, args.provider, args.prices)
-    settings = SimSettings(replicas=args.replicas, sample_s=max(1.0, spec.duration_s / 2000))
+    if args.node_cores is not None and not (args.node_cores > 0 and args.replica_threads > 0):
+        return _fail("sim", ValueError("--node-cores and --replica-threads must be > 0"))
+    settings = SimSettings(replicas=args.replicas, sample_s=max(1.0, spec.duration_s / 2000),
+                           node_cores=args.node_cores, replica_threads=args.replica_threads)
     t0 = time.perf_counter()
     if args.week:
         res = plan_week(model, profile, spec, slo, settings=settings, level_s=args.level_duration,

@@ -39,6 +39,11 @@ class SimSettings:
     # Replicas started before this time are ready at once: a week level's warm-up stands for the hours
     # before it, in which the autoscaler had time to follow the slow diurnal change.
     instant_start_until_s: float = 0.0
+    # CPU replicas sharing one node: with node_cores set, k busy replicas of replica_threads threads each run
+    # at min(1, node_cores / (k x replica_threads)) of their profiled speed (a step's time is scaled when it
+    # starts; a run of decode steps keeps its factor). None: every replica has its own hardware.
+    node_cores: float | None = None
+    replica_threads: float = 1.0
 
 
 class Region:
@@ -81,6 +86,10 @@ class FleetSim:
         self.ids = itertools.count()
         self.by_name: dict[str, SimReplica] = {}
 
+    def cpu_share(self, rep: SimReplica) -> float:
+        busy = 1 + sum(1 for r in self.all_replicas if r.busy and r is not rep and r.stopped_s is None)
+        return max(1.0, busy * self.s.replica_threads / self.s.node_cores)
+
     def fixed_replicas(self, region: str) -> int:
         return dict(self.s.replicas_by_region).get(region, self.s.replicas or 0)
 
@@ -97,6 +106,8 @@ class FleetSim:
         budget = e.max_num_batched_tokens or default_token_budget("cpu" if self.profile.gpu == "cpu" else "cuda")
         rep = SimReplica(f"{region.name}-{next(self.ids)}", region.idx, self.profile, e.max_num_seqs,
                          budget, now, ready, self.prefix_tokens)
+        if self.s.node_cores is not None:
+            rep.slowdown = lambda rep=rep: self.cpu_share(rep)
         region.replicas.append(rep)
         self.all_replicas.append(rep)
         self.by_name[rep.name] = rep

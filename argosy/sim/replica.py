@@ -12,6 +12,7 @@ unadmittable through the run: the budget, the sequence cap and the free blocks o
 from __future__ import annotations
 
 from bisect import bisect_left
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from argosy.engine.block_pool import hash_block_tokens
@@ -72,6 +73,7 @@ class SimReplica:
         self.run_seqs: list[tuple[Sequence, int]] = []
         self.requests: dict[int, SimRequest] = {}  # seq_id -> request
         self.busy_s = self.prefill_s = 0.0
+        self.slowdown: Callable[[], float] | None = None  # a step's time multiplier, read when it starts
         self.itl: list[tuple[float, int]] = []  # (inter-token gap, tokens with that gap)
 
     def now_starting(self, now: float) -> bool:
@@ -149,8 +151,11 @@ class SimReplica:
             times = prof.decode_run_s(decodes, kv, steps)
         else:
             times = [prof.step_s(prefill, decodes, kv, attn)]
-            if prefill:
-                self.prefill_s += times[0] * prefill / (prefill + decodes)
+        if self.slowdown is not None:  # replicas sharing a CPU node's cores (FleetSim, --node-cores)
+            f = self.slowdown()
+            times = [t * f for t in times]
+        if prefill:
+            self.prefill_s += times[0] * prefill / (prefill + decodes)
         t, ends = now, []
         for dt in times:
             t += dt
