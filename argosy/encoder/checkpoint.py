@@ -160,6 +160,9 @@ def load_encoder_spec(folder: str | Path) -> EncoderSpec:
         raise EncoderCheckpointError(f"{folder} has no tokenizer.json (a fast tokenizer file is needed)")
     if arch in RERANK_ARCHITECTURES:
         num_labels = cfg.get("num_labels") or len(cfg.get("id2label") or {}) or 2
+        if num_labels != 1:
+            raise EncoderCheckpointError(f"{path}: a reranker needs exactly one label (its relevance logit); "
+                                         f"this classifier has {num_labels}")
         bert = _bert_config(cfg, path, num_labels)
         limit = bert.max_position_embeddings
         st = cfg.get("sentence_transformers") or {}

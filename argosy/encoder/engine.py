@@ -33,7 +33,7 @@ Input = list[int] | tuple[list[int], list[int]]  # token ids, or (token ids, tok
 @dataclass(frozen=True)
 class EncoderOutput:
     request_id: str
-    data: torch.Tensor  # embed: [inputs, dimensions]; rerank: [inputs] scores (float32, on the CPU)
+    data: torch.Tensor  # embed: [inputs, dimensions]; rerank: [inputs] logits (float32, on the CPU)
     num_tokens: int  # all inputs' tokens (usage)
     queue_s: float  # arrival to first batch
     e2e_s: float
@@ -131,8 +131,7 @@ class EncoderEngine:
         if self.kind == EMBED:
             out = pool(hidden, batch, self.spec.pooling, self.spec.normalize)
         else:
-            logits = self.model.classify(hidden, batch).float()
-            out = torch.sigmoid(logits) if self.spec.sigmoid else logits
+            out = self.model.classify(hidden, batch).float()  # logits: activate() turns them into scores
             out = out[:, 0] if out.shape[1] == 1 else out
         inverse = torch.empty(len(order), dtype=torch.long)
         inverse[torch.tensor(order)] = torch.arange(len(order))
@@ -159,8 +158,14 @@ class EncoderEngine:
                                               queue_s, now - request.arrival))
         return finished
 
+    def activate(self, logits: torch.Tensor) -> torch.Tensor:
+        """A cross-encoder's scores from its logits: the sigmoid with one label (sentence-transformers'
+        CrossEncoder and TEI do the same), else the logits as they are."""
+        return torch.sigmoid(logits) if self.spec.sigmoid else logits
+
     def stats(self) -> dict:
         s = self.scheduler
-        return {"num_waiting": s.num_waiting_requests, "queued_tokens": s.queued_tokens,
+        running = sum(1 for r in s.requests.values() if r.first_scheduled is not None)
+        return {"num_waiting": len(s.requests) - running, "num_running": running, "queued_tokens": s.queued_tokens,
                 "queued_inputs": len(s.waiting), "num_batches": self.num_batches,
                 "num_batched_tokens": self.num_batched_tokens}

@@ -53,7 +53,7 @@ class Encoder:
         documents = list(documents)
         if self.kind == RERANK:
             pairs = self.engine.tokenizer.encode_pairs(query, documents, self.engine.max_model_len, truncate)
-            return self._run(pairs)
+            return self.engine.activate(self._run(pairs))
         vectors = self.embed([query, *documents], truncate)
         return torch.nn.functional.cosine_similarity(vectors[:1], vectors[1:], dim=1)
 

@@ -86,7 +86,3 @@ class EncoderScheduler:
         self.queued_tokens -= sum(it.num_tokens for it in self.waiting if it.request is request)
         self.waiting = kept
         return True
-
-    @property
-    def num_waiting_requests(self) -> int:
-        return len(self.requests)
