@@ -47,6 +47,7 @@ class EncoderScheduler:
     def __init__(self, max_num_batched_tokens: int, max_num_seqs: int):
         self.max_tokens, self.max_seqs = max_num_batched_tokens, max_num_seqs
         self.waiting: deque[EncodeItem] = deque()
+        self.running: list[EncodeItem] = []  # the batch handed out last
         self.queued_tokens = 0
         self.requests: dict[str, EncodeRequest] = {}  # unfinished, by id
 
@@ -68,6 +69,7 @@ class EncoderScheduler:
             batch.append(item)
             tokens += n
         self.queued_tokens -= tokens
+        self.running = batch
         now = time.monotonic()
         for item in batch:
             if item.request.first_scheduled is None:

@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 from argosy.config import EngineSection, ModelConfig
+from argosy.encoder.config import CPU_BATCH_TOKENS, CUDA_BATCH_TOKENS
 from argosy.fleet.placement import CPU_OVERHEAD_GIB, DTYPE_BYTES, GIB, GPU_OVERHEAD_GIB, Need
 
 ACTIVATION_FLOATS_PER_TOKEN = 24  # per hidden unit: a layer's q/k/v, MLP and norm temporaries, with slack
@@ -27,7 +28,8 @@ def encoder_need(checkpoint: str | Path, engine: EngineSection, on_gpu: bool) ->
     dtype = engine.dtype if engine.dtype != "auto" else ("float32" if not on_gpu else cfg.get("torch_dtype", "float32"))
     size = DTYPE_BYTES.get(str(dtype), 4)
     weights = encoder_parameter_count(cfg) * size / GIB
-    activations = engine.max_num_batched_tokens * cfg["hidden_size"] * ACTIVATION_FLOATS_PER_TOKEN * size / GIB
+    tokens = engine.max_num_batched_tokens or (CUDA_BATCH_TOKENS if on_gpu else CPU_BATCH_TOKENS)
+    activations = tokens * cfg["hidden_size"] * ACTIVATION_FLOATS_PER_TOKEN * size / GIB
     if on_gpu:
         return Need(1, round(weights + activations + GPU_OVERHEAD_GIB, 3))
     return Need(0, round(weights + activations + CPU_OVERHEAD_GIB, 3))
