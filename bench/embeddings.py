@@ -227,7 +227,8 @@ def main() -> None:
     ap.add_argument("--log-dir", default="/tmp")
     args = ap.parse_args()
     folder = model_dir()
-    texts, lengths = make_texts(max(args.texts, max(args.http_texts)), *args.tokens, folder)
+    wanted = max(0 if args.skip_offline else args.texts, 0 if args.skip_http else max(args.http_texts))
+    texts, lengths = make_texts(wanted, *args.tokens, folder)
     print(f"model: all-MiniLM-L6-v2 ({folder}); texts of {args.tokens[0]}-{args.tokens[1]} tokens", flush=True)
     if not args.skip_offline:
         offline(args, folder, texts[:args.texts], sum(lengths[:args.texts]))
