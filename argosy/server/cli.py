@@ -68,7 +68,7 @@ def run_engine_server(args: argparse.Namespace) -> None:
     if is_encoder_checkpoint(model):  # an embedding model or a reranker: the encoder server (issue 19)
         from argosy.server.encoder.cli import run_encoder_server
 
-        return run_encoder_server(args, model)
+        return run_encoder_server(args, model, _bind, DEFAULT_PORT)
     try:  # the settings first: a bad flag is named before anything is read
         config = engine_config_from_args(args, model=str(model))
     except ValueError as exc:

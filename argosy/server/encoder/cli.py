@@ -9,17 +9,20 @@ own (inputs per request; 413 past it). The fleet controller starts encoder repli
 from __future__ import annotations
 
 import argparse
+import socket
+from collections.abc import Callable
 from pathlib import Path
 
 
-def run_encoder_server(args: argparse.Namespace, model: Path) -> None:
+def run_encoder_server(args: argparse.Namespace, model: Path, bind: Callable[[str, int], socket.socket],
+                       default_port: int) -> None:
+    """`bind` and `default_port` are argosy engine's (server/cli.py), so both servers listen alike."""
     import prometheus_client
     import uvicorn
 
     from argosy.encoder.checkpoint import EncoderCheckpointError, load_encoder_spec
     from argosy.encoder.config import MAX_CLIENT_BATCH_SIZE, EncoderConfig
     from argosy.observe.logs import setup_logging
-    from argosy.server.cli import DEFAULT_PORT, _bind
     from argosy.server.encoder.app import build_encoder_app
 
     if args.max_queue < 1:
@@ -41,8 +44,8 @@ def run_encoder_server(args: argparse.Namespace, model: Path) -> None:
 
         return EncoderEngine(config)
 
-    port = args.port if args.port is not None else getattr(args, "port_default", DEFAULT_PORT)
-    sock = _bind(args.host, port)
+    port = args.port if args.port is not None else getattr(args, "port_default", default_port)
+    sock = bind(args.host, port)
     host, port = sock.getsockname()[:2]
     url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
     failures: list[BaseException] = []
