@@ -139,30 +139,31 @@ def stop(proc: subprocess.Popen) -> None:
 
 
 async def drive(url: str, model: str, texts: list[str], concurrency: int) -> tuple[float, list[float], list[list]]:
-    """Each client sends one text per request until the texts run out: (seconds, latencies, a few vectors)."""
+    """Each client sends one text per request until the texts run out: (seconds, latencies, the vectors of
+    the first four texts, in order)."""
     import aiohttp
 
-    queue = list(reversed(texts))
+    queue = list(reversed(list(enumerate(texts))))
     latencies: list[float] = []
-    sample: list[list] = []
+    sample: dict[int, list] = {}
 
     async def client(session: aiohttp.ClientSession) -> None:
         while queue:
-            text = queue.pop()
+            i, text = queue.pop()
             t0 = time.perf_counter()
             async with session.post(url, json={"model": model, "input": [text]}) as r:
                 body = await r.json()
                 if r.status != 200:
                     raise RuntimeError(f"{url}: {r.status} {body}")
             latencies.append(time.perf_counter() - t0)
-            if len(sample) < 4:
-                sample.append(body["data"][0]["embedding"])
+            if i < 4:
+                sample[i] = body["data"][0]["embedding"]
 
     conn = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=600)) as session:
         t0 = time.perf_counter()
         await asyncio.gather(*(client(session) for _ in range(concurrency)))
-        return time.perf_counter() - t0, latencies, sample
+        return time.perf_counter() - t0, latencies, [sample[i] for i in sorted(sample)]
 
 
 def pct(xs: list[float], q: float) -> float:
