@@ -25,8 +25,8 @@ def cosine_gap(a: torch.Tensor, b: torch.Tensor) -> float:
     return (1 - torch.nn.functional.cosine_similarity(a.double(), b.double(), dim=1)).abs().max().item()
 
 
-@pytest.mark.parametrize("pooling,normalize", [("mean", True), ("cls", True), ("max", False),
-                                               ("mean_sqrt_len+cls", True), ("lasttoken", False)])
+@pytest.mark.parametrize("pooling,normalize", [("mean", True), ("max", False),  # every mode, the rest concatenated
+                                               ("cls+mean_sqrt_len+lasttoken", True)])
 def test_random_embedding_model_matches_sentence_transformers(tmp_path, pooling, normalize):
     from sentence_transformers import SentenceTransformer
 
@@ -76,10 +76,10 @@ def test_all_minilm_l6_v2_matches_sentence_transformers():
     from sentence_transformers import SentenceTransformer
 
     folder = str(get_model_path())
-    inputs = ["Paris is the capital of France.", "The cat sat on the mat.", *texts(30, seed=3, longest=300)]
+    inputs = ["Paris is the capital of France.", "The cat sat on the mat.", *texts(10, seed=3, longest=300)]
     ours = Encoder(folder).embed(inputs)  # over-long texts are cut at 256 tokens, as sentence-transformers cuts them
     theirs = torch.tensor(SentenceTransformer(folder, device="cpu").encode(inputs, batch_size=16))
-    assert ours.shape == theirs.shape == (32, 384)
+    assert ours.shape == theirs.shape == (12, 384)
     assert cosine_gap(ours, theirs) < COSINE_TOL
 
 
