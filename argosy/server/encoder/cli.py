@@ -36,7 +36,9 @@ def run_encoder_server(args: argparse.Namespace, model: Path, bind: Callable[[st
                                or MAX_CLIENT_BATCH_SIZE)
     except (ValueError, EncoderCheckpointError) as exc:
         raise SystemExit(f"argosy engine: {exc}") from None
-    served = args.served_model_name or model.resolve().name
+    # A packaged model is served under the name it was asked by (its folder is just "model").
+    packaged = args.model and Path(args.model) != model
+    served = args.served_model_name or (args.model if packaged else model.resolve().name)
     setup_logging(args.log_format, args.log_level, args.log_requests)
 
     def make_engine():  # runs in the engine thread
