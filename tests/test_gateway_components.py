@@ -70,9 +70,19 @@ def test_usage_is_read_from_the_tail_or_the_whole_body():
 
 
 def test_encoder_tokens_are_billed_by_kind():
-    limiter = MemoryLimiter()
-    asyncio.run(limiter.count("app", 1, 100, "embed"))
-    asyncio.run(limiter.count("app", 1, 30, "rerank"))
-    asyncio.run(limiter.count("app", 1, 50))
-    assert asyncio.run(limiter.get_usage("app")) == {"requests": 3, "tokens": 180, "embed_tokens": 100,
-                                                      "rerank_tokens": 30}
+    """account(): an embeddings response's usage (read from its tail) is billed as input and as embed_tokens."""
+    from types import SimpleNamespace
+
+    from argosy.gateway.accounting import account
+    from argosy.gateway.bodies import ProxiedRequest
+    from argosy.gateway.keys import KeyRecord
+
+    limiter, key = MemoryLimiter(), KeyRecord("app", "x")
+    req = ProxiedRequest.parse("/v1/embeddings", json.dumps({"model": "e", "input": ["abc"] * 3}).encode(), 256)
+    body = json.dumps({"data": [{"embedding": [0.1] * 1000}] * 3, "usage": {"prompt_tokens": 21, "total_tokens": 21}})
+    call = SimpleNamespace(stream=False, output=[body.encode()], status=200, completion_events=0, model="e")
+    asyncio.run(account(limiter, key, call, req, None, "embed"))
+    asyncio.run(account(limiter, key, call, req, None, "embed"))
+    usage = asyncio.run(limiter.get_usage("app"))
+    assert (usage["requests"], usage["tokens"], usage["input_tokens"], usage["output_tokens"]) == (2, 42, 42, 0)
+    assert usage["embed_tokens"] == 42 and usage["rerank_tokens"] == 0
