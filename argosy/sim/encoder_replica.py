@@ -45,10 +45,6 @@ class EncoderSimReplica:
     def num_in_system(self) -> int:
         return len(self.requests)
 
-    @property
-    def queued_tokens(self) -> int:
-        return self.sched.queued_tokens
-
     def add(self, req: SimRequest, now: float) -> None:
         n = req.prompt_tokens + len(self.prefix_tokens.get(req.prefix_group, ()))
         r = EncodeRequest(str(req.rid), 1, n, arrival=now)
