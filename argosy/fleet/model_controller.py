@@ -95,7 +95,7 @@ class ModelController:
         scraped = [g for r in ready if (g := (gauges or {}).get(r.url or "")) is not None]
         kv = sum(g.kv_usage for g in scraped) / len(scraped) if scraped else 0.0
         return Observation(concurrency=load.in_flight + load.waiting, rps=total / dt,
-                           queue=load.waiting + sum(g.waiting for g in scraped), kv_cache=kv)
+                           queue=load.waiting + sum(g.waiting for g in scraped), kv_cache=kv, tokens=load.tokens)
 
     def record(self, d: Decision) -> None:
         prev = self.decisions[-1] if self.decisions else None

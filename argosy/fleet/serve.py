@@ -16,6 +16,7 @@ from pathlib import Path
 
 from argosy.config import FleetConfig, FleetConfigError, load_fleet, parse_fleet
 from argosy.models.builtin import BUILTIN_MODEL_DIR
+from argosy.models.packaged import resolve_checkpoint
 
 BUILTIN_SERVED_NAME = "builtin"  # what `argosy engine` serves the built-in folder as, and the README uses
 
@@ -51,7 +52,13 @@ def default_fleet(args: argparse.Namespace) -> FleetConfig:
     name = args.served_model_name or (Path(ckpt).resolve().name if args.model else BUILTIN_SERVED_NAME)
     n = args.replicas or 1
     engine = {"kv_cache_memory_gib": args.kv_cache_memory} if args.kv_cache_memory else {}
-    return parse_fleet({"models": [{"name": name, "checkpoint": str(ckpt), "engine": engine,
+    from argosy.fleet.components import checkpoint_kind
+
+    try:
+        kind = checkpoint_kind(resolve_checkpoint(str(ckpt)))  # --model may name an embedding model or reranker
+    except ValueError:
+        kind = "generate"  # a broken folder is reported with the other checks in run_serve
+    return parse_fleet({"models": [{"name": name, "kind": kind, "checkpoint": str(ckpt), "engine": engine,
                                     "autoscaling": {"min_replicas": n, "max_replicas": n}}]}, "argosy serve")
 
 
@@ -95,10 +102,16 @@ def run_serve(args: argparse.Namespace) -> int:
     except FleetConfigError as e:
         print(f"argosy serve: {e}", file=sys.stderr)
         return 2
+    from argosy.fleet.components import kind_mismatch
+
     for m in managed(fleet):
         if not (Path(m.checkpoint) / "config.json").is_file():
             print(f"argosy serve: model {m.name!r}: no checkpoint at {m.checkpoint} (config.json missing)",
                   file=sys.stderr)
+            return 2
+        mismatch = kind_mismatch(m)
+        if mismatch:
+            print(f"argosy serve: {mismatch}", file=sys.stderr)
             return 2
     bound = bind(fleet, args, "argosy serve")
     if bound is None:

@@ -24,6 +24,14 @@ from argosy.gateway.accounting import account, key_class
 from argosy.gateway.admission import PRIORITY
 from argosy.gateway.asgi import Receive, Scope, Send, bearer, header, read_body, respond
 from argosy.gateway.bodies import ProxiedRequest
+from argosy.gateway.components import (
+    ENCODER_PATHS,
+    TEI_PATHS,
+    check_endpoint,
+    encoder_prompt,
+    tei_error_body,
+    with_tei_model,
+)
 from argosy.gateway.errors import GatewayError, method_not_allowed, not_found, rate_limited
 from argosy.gateway.fleet_view import FleetView
 from argosy.gateway.health import HealthChecker
@@ -43,7 +51,7 @@ from argosy.observe.sampler import Sampler
 from argosy.observe.tracing import make_tracing
 
 log = logging.getLogger("argosy.gateway")
-PROXIED = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
+PROXIED = ("/v1/chat/completions", "/v1/completions", *sorted(ENCODER_PATHS))
 Handler = Callable[["Gateway", Scope, Receive, Send], Awaitable[None]]
 
 
@@ -66,6 +74,7 @@ class Gateway:
         self.limiter = MemoryLimiter()
         self.models = {m.name: ModelRuntime(m, self.reg, self.index, self._on_insert, lambda: self.session)
                        for m in fleet.models}
+        self.kinds = {m.name: m.kind for m in fleet.models}  # generate, embed, rerank (components.py)
         self.shadower = Shadower(lambda: self.session, self.m)
         self.m.watch(lambda: ((name, rt.admission_load()) for name, rt in self.models.items()),
                      lambda: self.reg.by_url.values())
@@ -156,7 +165,8 @@ class Gateway:
         try:
             await handler_for(scope["method"], scope["path"])(self, scope, receive, send)
         except GatewayError as e:
-            await respond(send, e.status, e.body(), headers=e.headers())
+            body = tei_error_body(e) if scope["path"] in TEI_PATHS else e.body()  # TEI's shape on TEI's routes
+            await respond(send, e.status, body, headers=e.headers())
 
     # ------------------------------------------------------------------ one proxied request
 
@@ -169,7 +179,10 @@ class Gateway:
         t0 = time.monotonic()
         key = self.authenticate(scope)
         await self.check_budget(key)
-        req = ProxiedRequest.parse(path, await read_body(receive), self.fleet.gateway.default_max_tokens)
+        body = await read_body(receive)
+        if path in TEI_PATHS:
+            body = with_tei_model(body, path, self.kinds)  # TEI's bodies name no model: the one serving the route
+        req = ProxiedRequest.parse(path, body, self.fleet.gateway.default_max_tokens)
         rt = self.model_for(req, key)
         await self.input_guardrails(rt, req)
         self.log_request(rt, req)
@@ -208,6 +221,10 @@ class Gateway:
         if key is not None and key.models is not None and req.model not in key.models:
             raise GatewayError(403, f"this key may not use the model {req.model!r}", "permission_error",
                                "model_not_allowed", "model")
+        check_endpoint(rt.name, rt.cfg.kind, req.path)  # 424 for an endpoint its kind does not serve
+        if rt.cfg.kind == "rerank":  # a cross-encoder reads the query once per document
+            _, req.prompt_tokens, _ = encoder_prompt(req.path, req.fields, "rerank")
+            req.estimate = req.prompt_tokens
         return rt
 
     async def input_guardrails(self, rt: ModelRuntime, req: ProxiedRequest) -> None:
@@ -238,12 +255,15 @@ class Gateway:
         if header(scope, b"x-priority") == b"batch":
             prio = PRIORITY["batch"]  # a caller may lower its own priority, never raise it
         span = rq.trace.child("gateway.admission", {"argosy.priority": prio}) if rq.trace else None
+        rt.tokens_in_flight += req.estimate  # queued or admitted: what metric tokens scales on
         try:
             waited = await rt.admission.acquire(prio)
-        except GatewayError as e:
-            self.m.rejections.labels(rt.name, e.code, key_class(key)).inc()
-            if key is not None and key.tpm:
-                await self.limiter.adjust(key.name, key.tpm, min(req.estimate, key.tpm))  # not served: refund
+        except BaseException as e:
+            rt.tokens_in_flight -= req.estimate
+            if isinstance(e, GatewayError):
+                self.m.rejections.labels(rt.name, e.code, key_class(key)).inc()
+                if key is not None and key.tpm:
+                    await self.limiter.adjust(key.name, key.tpm, min(req.estimate, key.tpm))  # not served: refund
             raise
         finally:
             if span is not None:
@@ -253,6 +273,7 @@ class Gateway:
             yield
         finally:
             rt.admission.release()
+            rt.tokens_in_flight -= req.estimate
 
     def route(self, rt: ModelRuntime, req: ProxiedRequest, key: KeyRecord | None, scope: Scope,
               rq: GatewayRequest, t0: float) -> Call:
@@ -262,7 +283,8 @@ class Gateway:
         revision, router = rt.pick(sess_key)
         rreq = RouteRequest(req.text, req.prompt_tokens, sess_key)
         shadow_out = self.shadower.maybe_start(rt, req.path, req.fields, rreq)
-        keep = shadow_out is not None or bool(key and key.tpm) and not req.stream or rt.cfg.debug
+        billed = key is not None and (key.tpm or req.path in ENCODER_PATHS)  # encoders: exact usage per key
+        keep = shadow_out is not None or bool(billed) and not req.stream or rt.cfg.debug
         return Call(rt.name, revision, req.path, req.body, req.stream, rreq, req.estimate, router, t0,
                     rt.output_guard, keep_output=keep, trace=rq.trace, headers=rq.upstream_headers,
                     request_id=rq.request_id, shadow_out=shadow_out)
@@ -286,7 +308,7 @@ class Gateway:
             self.m.e2e.labels(rt.name, call.route, call.upstream).observe(time.monotonic() - call.t0)
             if call.shadow_out is not None and not call.shadow_out.done():
                 call.shadow_out.set_result((call.output, call.stream))
-            await account(self.limiter, key, call, req, self.prices)
+            await account(self.limiter, key, call, req, self.prices, rt.cfg.kind if req.path in ENCODER_PATHS else None)
 
     def log_response(self, rt: ModelRuntime, call: Call) -> None:
         if rt.cfg.debug or self.log_content:

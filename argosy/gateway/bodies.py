@@ -8,6 +8,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from argosy.gateway.components import ENCODER_PATHS, encoder_prompt, set_encoder_texts
 from argosy.gateway.errors import bad_request
 from argosy.gateway.validation import check_body
 
@@ -37,7 +38,7 @@ class ProxiedRequest:
         check_body(path, req)
         text, ptoks, texts = prompt_of(path, req)
         max_toks = req.get("max_tokens") or req.get("max_completion_tokens") or default_max_tokens
-        est = ptoks + (int(max_toks) if path != "/v1/embeddings" else 0)
+        est = ptoks + (int(max_toks) if path not in ENCODER_PATHS else 0)
         return cls(path, body, req, req["model"], bool(req.get("stream")), req.get("user") or None, text, ptoks,
                    texts, est)
 
@@ -49,6 +50,8 @@ class ProxiedRequest:
 
 def prompt_of(path: str, req: dict) -> tuple[str, int, list[str]]:
     """(routing text, estimated prompt tokens, the texts input guardrails see)."""
+    if path in ENCODER_PATHS:  # embeddings and rerank (a cross-encoder's estimate: Gateway.model_for)
+        return encoder_prompt(path, req, "embed")
     if path == "/v1/chat/completions":
         texts, parts = [], []
         for m in req.get("messages") or []:
@@ -73,6 +76,8 @@ def prompt_of(path: str, req: dict) -> tuple[str, int, list[str]]:
 
 def set_texts(path: str, req: dict, texts: list[str]) -> None:
     """Write (redacted) texts back where prompt_of found them."""
+    if path in ENCODER_PATHS:
+        return set_encoder_texts(path, req, texts)
     it = iter(texts)
     if path == "/v1/chat/completions":
         for m in req.get("messages") or []:

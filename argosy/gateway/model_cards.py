@@ -25,7 +25,7 @@ class ModelCards:
         cfg = rt.cfg
         card: dict[str, Any] = {"id": rt.name, "object": "model", "created": self.created, "owned_by": "argosy",
                                 "root": cfg.checkpoint or rt.name, "parent": None, "max_model_len": None,
-                                "revision": cfg.revision, "kind": "generate"}
+                                "revision": cfg.revision, "kind": cfg.kind}
         if len(rt.weights) > 1:
             card["traffic"] = [{"revision": rev, "weight": w} for rev, w in rt.weights]
         served = await self._replica_card(rt, session)

@@ -52,7 +52,9 @@ return 0
 """
 
 
-USAGE_FIELDS = ("requests", "tokens", "input_tokens", "output_tokens", "spend_micro_usd")
+# embed_tokens, rerank_tokens: the tokens of requests to encoder models (kind embed, rerank), billed apart
+USAGE_FIELDS = ("requests", "tokens", "input_tokens", "output_tokens", "spend_micro_usd", "embed_tokens",
+                "rerank_tokens")
 
 
 class MemoryLimiter:

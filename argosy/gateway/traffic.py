@@ -13,6 +13,7 @@ their output agrees with what the user got.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import json
 import logging
@@ -65,6 +66,7 @@ class ModelRuntime:
     def __init__(self, cfg: ModelConfig, reg: UpstreamRegistry, index: PrefixIndex, on_insert, session_getter):
         self.cfg, self.name, self.reg = cfg, cfg.name, reg
         self.admission = Admission(cfg.admission)
+        self.tokens_in_flight = 0  # estimated tokens of the requests admitted or queued (Gateway.admitted)
         g = cfg.guardrails
         self.guardrails = Guardrails(g, session_getter) if (g.input or g.output) else None
         self.output_guard = self.guardrails if g.output else None
@@ -141,7 +143,7 @@ class ModelRuntime:
         return None if u is None else u.served + u.failed
 
     def admission_load(self) -> AdmissionLoad:
-        return self.admission.load()
+        return dataclasses.replace(self.admission.load(), tokens=self.tokens_in_flight)
 
     def has_live_upstream(self) -> bool:
         return any(u.available() for r in self.routers.values() for u in r.upstreams)

