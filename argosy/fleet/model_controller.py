@@ -15,7 +15,7 @@ from argosy.config import ModelConfig
 from argosy.fleet.autoscaler import Autoscaler, Decision, Observation
 from argosy.fleet.engine_args import engine_args
 from argosy.fleet.metrics import FleetMetrics
-from argosy.fleet.placement import Need, Placer, Unplaceable
+from argosy.fleet.placement import Need, OutOfMemoryAtLoad, Placer, Unplaceable
 from argosy.fleet.replica import DRAINING, FAILED, LIVE, READY, STARTING, STOPPED, WARMING, Replica, ReplicaSpec
 from argosy.fleet.seams import GatewayPort, ModelRoutes, ReplicaProvider
 from argosy.gateway.errors import unavailable
@@ -207,6 +207,9 @@ class ModelController:
 
     async def _failed(self, r: Replica, e: Exception) -> None:
         r.state, r.detail = FAILED, f"{type(e).__name__}: {e}"[-300:]
+        if isinstance(e, OutOfMemoryAtLoad):  # the estimate was short: grow it, and try other GPUs first
+            self.need = e.corrected
+            self.placer.note_oom(self.name, e.placement)
         self.failures += 1
         delay = min(self.a.restart_backoff_s * 2 ** (self.failures - 1), MAX_BACKOFF_S)
         self.next_start_at = self.clock() + delay

@@ -82,6 +82,24 @@ class Unplaceable(Exception):
     """No node can take the replica; the message says why."""
 
 
+OOM_GROWTH = 1.25  # an estimate that proved short at load grows by a quarter (at least 1 GiB) per failure
+
+
+class OutOfMemoryAtLoad(RuntimeError):
+    """A replica ran out of memory while loading: `corrected` is the need to place it with from now on,
+    and the GPUs of `placement` are tried last for this model."""
+
+    def __init__(self, message: str, placement: Placement, corrected: Need):
+        super().__init__(message)
+        self.placement, self.corrected = placement, corrected
+
+
+def corrected_need(need: Need) -> Need:
+    if need.gib == float("inf"):
+        return need  # already whole GPUs: nothing to correct
+    return Need(need.gpus, round(max(need.gib * OOM_GROWTH, need.gib + 1.0), 3), need.resources)
+
+
 def parameter_count(cfg: dict) -> int:
     """Parameters of a Llama-family checkpoint from its config.json."""
     h, inter, layers = cfg["hidden_size"], cfg["intermediate_size"], cfg["num_hidden_layers"]
@@ -150,6 +168,11 @@ class Placer:
     def __init__(self, nodes: list[Node]):
         self.nodes = {n.name: n for n in nodes}
         self.held: dict[str, tuple[str, Placement]] = {}  # replica id -> (model, placement)
+        self.oom: dict[str, set[tuple[str, int]]] = {}  # model -> (node, GPU) where it ran out of memory
+
+    def note_oom(self, model: str, p: Placement) -> None:
+        """The model ran out of memory on these GPUs: place it elsewhere first from now on."""
+        self.oom.setdefault(model, set()).update((p.node, g) for g in p.gpus)
 
     def _fits(self, node: Node, need: Need, avoid: set[int]) -> tuple[float, tuple[int, ...]] | None:
         """(memory left after placing, GPU indices) for the tightest fit on this node, or None;
@@ -173,6 +196,7 @@ class Placer:
         """Place one replica (nodes in `down` are skipped); raises Unplaceable with the reason."""
         same = {p.node for m, p in self.held.values() if m == model}
         same_gpus = {(p.node, g) for m, p in self.held.values() if m == model for g in p.gpus}
+        same_gpus |= self.oom.get(model, set())
         best: tuple[tuple, Node, tuple[int, ...]] | None = None
         for node in self.nodes.values():
             if (provider is not None and node.provider != provider) or node.name in down:
