@@ -54,6 +54,7 @@ class KubernetesProvider:
         self.selector = f"{pods.LABEL}/controller={pods.label_value(self.identity)}"
         self.pods: dict[str, dict] = {}  # pod name -> its last seen object (API JSON)
         self.k8s_nodes: dict[str, dict] = {}
+        self.seen_nodes: set[str] = set()  # every node ever listed: one that went away stays down
         self.listed: dict[str, Node] = {}  # fleet-file nodes of this provider
         self.owner: dict | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -99,22 +100,19 @@ class KubernetesProvider:
         if not name:
             log.warning("fleet: kubernetes: no owner pod (POD_NAME unset): replicas are deleted on stop only")
             return None
-        obj = self._get_json(f"/api/v1/namespaces/{self.namespace}/pods/{name}")
+        obj = json.loads(self.core.read_namespaced_pod(name, self.namespace, _preload_content=False).data)
         return {"apiVersion": "v1", "kind": "Pod", "name": name, "uid": obj["metadata"]["uid"],
                 "controller": True, "blockOwnerDeletion": True}
 
-    def _get_json(self, path: str, **query) -> dict:
-        resp = self.api_client.call_api(path, "GET", query_params=list(query.items()), auth_settings=["BearerToken"],
-                                        _preload_content=False, _request_timeout=30)
-        return json.loads(resp[0].data)
-
     def _relist(self, kind: str) -> str:
         if kind == "pods":
-            data = self._get_json(f"/api/v1/namespaces/{self.namespace}/pods", labelSelector=self.selector)
+            data = json.loads(self.core.list_namespaced_pod(self.namespace, label_selector=self.selector,
+                                                            _preload_content=False, _request_timeout=30).data)
             self.pods = {o["metadata"]["name"]: o for o in data.get("items", []) if self._ours(o)}
         else:
-            data = self._get_json("/api/v1/nodes")
+            data = json.loads(self.core.list_node(_preload_content=False, _request_timeout=30).data)
             self.k8s_nodes = {o["metadata"]["name"]: o for o in data.get("items", [])}
+            self.seen_nodes |= set(self.k8s_nodes)
         self._notify()
         return (data.get("metadata") or {}).get("resourceVersion", "")
 
@@ -162,6 +160,8 @@ class KubernetesProvider:
             table.pop(name, None)
         elif event in ("ADDED", "MODIFIED"):
             table[name] = obj
+            if kind == "nodes":
+                self.seen_nodes.add(name)
         self._notify()
 
     def _notify(self) -> None:
@@ -199,7 +199,7 @@ class KubernetesProvider:
 
     def down_nodes(self) -> set[str]:
         """Nodes not to place on: gone, NotReady or cordoned (and listed ones the cluster lacks)."""
-        known = set(self.listed) | set(self.k8s_nodes)
+        known = set(self.listed) | self.seen_nodes
         return {n for n in known if n not in self.k8s_nodes or not pods.node_ready(self.k8s_nodes[n])}
 
     # ------------------------------------------------------------------ replicas
@@ -270,10 +270,10 @@ class KubernetesProvider:
         return r.handle is not None and self.ended(r) is None
 
     async def wait(self, r: Replica) -> None:
-        """Returns when the replica's pod has ended, was deleted, or lost its node (r.detail says which)."""
+        """Until the replica's pod ends, is deleted or loses its node: then raises why (RuntimeError, or
+        OutOfMemoryAtLoad); returns only when the provider closes."""
         await self._until(lambda: self.ended(r) is not None or self.closing.is_set(), float("inf"))
-        r.detail = self.ended(r) or r.detail
-        with contextlib.suppress(RuntimeError):
+        if not self.closing.is_set():
             self._raise_if_ended(r)
 
     async def stop(self, r: Replica, timeout: float = 10.0) -> None:
@@ -299,6 +299,7 @@ class KubernetesProvider:
 
     async def close(self) -> None:
         self.closing.set()
+        self._wake()
         if self.lease is not None:
             await self.lease.stop()
         if self.core is not None:  # anything of ours still there (the controller drained what it knew)
@@ -307,3 +308,5 @@ class KubernetesProvider:
                     await asyncio.to_thread(self.core.delete_namespaced_pod, name, self.namespace,
                                             grace_period_seconds=self.opts.termination_grace_s)
             await asyncio.to_thread(self.api_client.close)
+        for t in self.threads:  # each leaves at its next event or read timeout (resync_s)
+            await asyncio.to_thread(t.join, self.opts.resync_s + 2)

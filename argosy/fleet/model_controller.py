@@ -178,6 +178,7 @@ class ModelController:
             r.state = WARMING
             while not await self._is_ready(r):
                 if not self.provider.alive(r):
+                    await self.provider.wait(r)  # it has ended: a provider may raise why (out of memory)
                     raise RuntimeError(f"exited while warming: {r.detail}")
                 await asyncio.sleep(0.25)
             r.state, r.ready_at = READY, self.clock()
