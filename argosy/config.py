@@ -237,7 +237,18 @@ class ModelConfig(_Strict):
     traffic: list[TrafficRoute] | None = None
     shadow: ShadowConfig | None = None
     upstreams: list[str] | None = None  # any OpenAI-compatible servers (not managed by Argosy)
+    discover: str | None = None  # HOST:PORT resolved every health interval, one upstream per address (headless Service)
     debug: bool = False  # log this model's prompts and completions
+
+    @field_validator("discover")
+    @classmethod
+    def _host_port(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        host, _, port = v.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536 or "/" in v:
+            raise ValueError(f"discover {v!r} is not HOST:PORT (e.g. argosy-replicas-m.ns.svc:8000)")
+        return v
 
     @field_validator("upstreams")
     @classmethod
