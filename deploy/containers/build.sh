@@ -93,8 +93,27 @@ wheels() {  # requirements dir [pip options...]
   local req="$1" dir="$2"
   shift 2
   mkdir -p "$dir"
-  say "wheels: $(grep -cv '^#' "$req") pinned in $(basename "$req")"
-  "$PYTHON" -m pip download --quiet --only-binary=:all: --no-deps --dest "$dir" -r "$req" "$@"
+  local missing
+  missing="$(missing_wheels "$req" "$dir")"
+  say "wheels: $(grep -cv '^#' "$req") pinned in $(basename "$req"), $(printf '%s' "$missing" | grep -c .) to fetch"
+  if [ -n "$missing" ]; then  # pip download asks the index even for a wheel it has: only for missing ones
+    printf '%s\n' "$missing" > "$dir/.missing.txt"
+    "$PYTHON" -m pip download --quiet --only-binary=:all: --no-deps --dest "$dir" -r "$dir/.missing.txt" "$@"
+  fi
+}
+
+missing_wheels() {  # requirements dir: the pins with no matching wheel in dir
+  "$PYTHON" - "$1" "$2" <<'EOF'
+import re, sys
+from pathlib import Path
+norm = lambda s: re.sub(r"[-_.]+", "_", s).lower()
+have = {norm(w.name.split("-")[0]) + "-" + w.name.split("-")[1] for w in Path(sys.argv[2]).glob("*.whl")}
+for line in open(sys.argv[1]):
+    if "==" in line and not line.startswith("#"):
+        name, ver = line.strip().split("==")
+        if f"{norm(name)}-{ver}" not in have:
+            print(line.strip())
+EOF
 }
 
 build_cpu() {
