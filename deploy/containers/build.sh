@@ -3,7 +3,7 @@
 #
 #   deploy/containers/build.sh            the CPU image   (localhost/argosy-cpu:VERSION and :latest)
 #   deploy/containers/build.sh cuda       the CUDA image  (localhost/argosy-cuda:VERSION; several GB of wheels)
-#   deploy/containers/build.sh lock       re-pin requirements-cpu.txt from pyproject.toml
+#   deploy/containers/build.sh lock       re-pin requirements-cpu.txt from pyproject.toml (lock-cuda: the CUDA one)
 #
 # Needs (Debian): podman buildah mmdebstrap runc uidmap; python3.11 with pip; the package registries
 # (Debian's for the bases, PyPI's for the wheels). Steps, each cached under $ARGOSY_IMAGE_CACHE
@@ -70,20 +70,28 @@ app_wheel() {  # out_dir
   rm -rf "$src"
 }
 
-lock_cpu() {  # pins every runtime dependency (no extras): pip resolves without installing anything
-  local report
+lock() {  # cpu|cuda: pins every runtime dependency (no extras); pip resolves without installing anything
+  local report flavor="$1"
   report="$(mktemp)"
-  "$PYTHON" -m pip install --quiet --dry-run --ignore-installed --report "$report" "$ROOT" >/dev/null
-  "$PYTHON" - "$report" "$HERE/requirements-cpu.txt" <<'EOF'
+  if [ "$flavor" = cpu ]; then  # this machine's pip configuration: the CPU torch wheel
+    "$PYTHON" -m pip install --quiet --dry-run --ignore-installed --report "$report" "$ROOT" >/dev/null
+  else  # PyPI alone (--isolated ignores pip.conf): its torch is the CUDA build, with the nvidia-* wheels
+    "$PYTHON" -m pip --isolated install --quiet --dry-run --ignore-installed --report "$report" "$ROOT" >/dev/null
+  fi
+  "$PYTHON" - "$report" "$HERE/requirements-$flavor.txt" "$flavor" <<'EOF'
 import json, sys
 items = json.load(open(sys.argv[1]))["install"]
 pins = sorted(f"{i['metadata']['name'].lower()}=={i['metadata']['version']}" for i in items
               if i["metadata"]["name"].lower() != "argosy")
-bad = [p for p in pins if p.startswith(("nvidia-", "triton=="))]
-assert not bad, f"CUDA wheels in the CPU lock: {bad}"
-head = "# The CPU image's dependencies, pinned (deploy/containers/build.sh lock). No CUDA wheel may appear here.\n"
+cuda = [p for p in pins if p.startswith(("nvidia-", "triton==", "cuda-"))]
+if sys.argv[3] == "cpu":
+    assert not cuda, f"CUDA wheels in the CPU lock: {cuda}"
+    head = "# The CPU image's dependencies, pinned (build.sh lock). No CUDA wheel may appear here.\n"
+else:
+    assert cuda, "no CUDA wheel in the CUDA lock: the index served a CPU torch"
+    head = "# The CUDA image's dependencies, pinned from PyPI (build.sh lock-cuda).\n"
 open(sys.argv[2], "w").write(head + "\n".join(pins) + "\n")
-print(f"{len(pins)} pins")
+print(f"{len(pins)} pins, {len(cuda)} CUDA")
 EOF
   rm -f "$report"
 }
@@ -147,7 +155,7 @@ build_cuda() {
   local ctx="$CACHE/context-cuda" t0=$SECONDS
   base_image runtime "$RUNTIME_PKGS"
   base_image build "$BUILD_PKGS"
-  wheels "$HERE/requirements-cuda.txt" "$CACHE/wheels-cuda" --index-url https://pypi.org/simple
+  wheels "$HERE/requirements-cuda.txt" "$CACHE/wheels-cuda" --isolated
   mkdir -p "$ctx"
   rm -rf "$ctx/wheels-cuda" && (cp -al "$CACHE/wheels-cuda" "$ctx/wheels-cuda" 2>/dev/null || cp -a "$CACHE/wheels-cuda" "$ctx/wheels-cuda")
   cp "$HERE/requirements-cuda.txt" "$ctx/"
@@ -163,7 +171,8 @@ case "$WHAT" in
   cpu) build_cpu ;;
   cuda) build_cuda ;;
   all) build_cpu; build_cuda ;;
-  lock) lock_cpu ;;
+  lock) lock cpu ;;
+  lock-cuda) lock cuda ;;
   bases) base_image runtime "$RUNTIME_PKGS"; base_image build "$BUILD_PKGS" ;;
-  *) die "usage: build.sh [cpu|cuda|all|lock|bases]" ;;
+  *) die "usage: build.sh [cpu|cuda|all|lock|lock-cuda|bases]" ;;
 esac
