@@ -66,7 +66,9 @@ app_wheel() {  # out_dir
   (cd "$ROOT" && git ls-files -z 2>/dev/null | xargs -0 tar -cf - 2>/dev/null || tar -cf - --exclude=.venv --exclude=.git .) \
     | tar -xf - -C "$src"
   rm -rf "$1" && mkdir -p "$1"
-  "$PYTHON" -m pip wheel --quiet --no-deps --wheel-dir "$1" "$src"
+  # A fixed timestamp (the commit's) makes the same sources the same wheel, so podman reuses the app layer.
+  SOURCE_DATE_EPOCH="$(git -C "$ROOT" log -1 --format=%ct 2>/dev/null || echo 315532800)" \
+    "$PYTHON" -m pip wheel --quiet --no-deps --wheel-dir "$1" "$src"
   rm -rf "$src"
 }
 
