@@ -84,7 +84,7 @@ def test_the_cpu_image_is_layered_small_and_not_root(image):
                    if line.startswith("version = "))
     assert cfg["Labels"]["org.opencontainers.image.version"] == version
     assert cfg["Labels"]["dev.argosy.cpu-target"] == "x86-64-v3"
-    health = info.get("HealthCheck") or cfg.get("Healthcheck")
+    health = info.get("Healthcheck") or cfg.get("Healthcheck")  # podman: top level, docker: in Config
     assert health and "/health" in " ".join(health["Test"]), info
     assert cfg["Entrypoint"][0] == "/usr/bin/tini" and cfg["StopSignal"] == "SIGTERM"
     size = info["Size"]

@@ -126,10 +126,17 @@ for line in open(sys.argv[1]):
 EOF
 }
 
+bases() {  # both at once: mmdebstrap spends its time waiting on downloads and dpkg, not on the CPU
+  local runtime build
+  base_image runtime "$RUNTIME_PKGS" & runtime=$!
+  base_image build "$BUILD_PKGS" & build=$!
+  wait "$runtime" || die "the runtime base failed"
+  wait "$build" || die "the build base failed"
+}
+
 build_cpu() {
   local ctx="$CACHE/context-cpu" t0=$SECONDS
-  base_image runtime "$RUNTIME_PKGS"
-  base_image build "$BUILD_PKGS"
+  bases
   wheels "$HERE/requirements-cpu.txt" "$CACHE/wheels-cpu"
   mkdir -p "$ctx"
   rm -rf "$ctx/wheels-cpu" && cp -al "$CACHE/wheels-cpu" "$ctx/wheels-cpu" 2>/dev/null || cp -a "$CACHE/wheels-cpu" "$ctx/wheels-cpu"
@@ -155,8 +162,7 @@ EOF
 
 build_cuda() {
   local ctx="$CACHE/context-cuda" t0=$SECONDS
-  base_image runtime "$RUNTIME_PKGS"
-  base_image build "$BUILD_PKGS"
+  bases
   wheels "$HERE/requirements-cuda.txt" "$CACHE/wheels-cuda" --isolated
   mkdir -p "$ctx"
   rm -rf "$ctx/wheels-cuda" && (cp -al "$CACHE/wheels-cuda" "$ctx/wheels-cuda" 2>/dev/null || cp -a "$CACHE/wheels-cuda" "$ctx/wheels-cuda")
@@ -175,6 +181,6 @@ case "$WHAT" in
   all) build_cpu; build_cuda ;;
   lock) lock cpu ;;
   lock-cuda) lock cuda ;;
-  bases) base_image runtime "$RUNTIME_PKGS"; base_image build "$BUILD_PKGS" ;;
+  bases) bases ;;
   *) die "usage: build.sh [cpu|cuda|all|lock|lock-cuda|bases]" ;;
 esac
