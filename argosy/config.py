@@ -63,6 +63,9 @@ class GatewayConfig(_Strict):
     default_max_tokens: int = Field(256, ge=1)  # token estimate when a request has no max_tokens
     shared_sync_s: float = Field(0.1, gt=0)  # with redis: period of the in-flight count exchange
     prices: str | None = None  # price book for keys' spend and budgets (default: argosy/cost/prices.yaml)
+    # On SIGTERM or Ctrl-C: streams in flight get this long to finish before connections are closed (the
+    # default fits podman's 10 s stop timeout; Kubernetes gives 30 s unless the pod says otherwise).
+    drain_timeout_s: float = Field(8.0, ge=0)
 
 
 class KeyConfig(_Strict):

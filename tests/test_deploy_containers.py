@@ -115,7 +115,7 @@ def test_serve_in_the_image_streams_and_drains_on_podman_stop(image, tmp_path):
     key, key_hash = new_key()
     fleet = tmp_path / "fleet.yaml"
     builtin = "/opt/argosy/app/argosy/models/builtin"  # the built-in model, inside the image's package
-    fleet.write_text(yaml.safe_dump({"keys": [{"name": "test", "hash": key_hash}],
+    fleet.write_text(yaml.safe_dump({"keys": [{"name": "test", "hash": key_hash}], "gateway": {"drain_timeout_s": 25},
                                      "models": [{"name": "builtin", "checkpoint": builtin,
                                                  "autoscaling": {"min_replicas": 1, "max_replicas": 1}}]}))
     fleet.chmod(0o644)
@@ -150,7 +150,7 @@ def test_serve_in_the_image_streams_and_drains_on_podman_stop(image, tmp_path):
 
         def stream() -> None:
             try:
-                for chunk in client.chat.completions.create(model="builtin", stream=True, max_tokens=48,
+                for chunk in client.chat.completions.create(model="builtin", stream=True, max_tokens=32,
                                                             messages=[{"role": "user", "content": "Go on."}]):
                     if chunk.choices:
                         got["text"] += chunk.choices[0].delta.content or ""

@@ -104,8 +104,8 @@ def serve_on(app, fleet, sock: socket.socket) -> int:
     # proxy_headers=False: the gateway is the front door and trusts no X-Forwarded-* header (and skips
     # that middleware's work on every request).
     cfg = uvicorn.Config(app, lifespan="on", access_log=False, log_level="warning", ssl_certfile=tls.cert,
-                         ssl_keyfile=tls.key, timeout_graceful_shutdown=5, log_config=None, proxy_headers=False,
-                         server_header=False)
+                         ssl_keyfile=tls.key, timeout_graceful_shutdown=fleet.gateway.drain_timeout_s,
+                         log_config=None, proxy_headers=False, server_header=False)
     # uvicorn shuts down gracefully on SIGTERM, then raises the signal again so the exit status says why it
     # ended; that re-raise reaches this handler: a requested, completed stop exits 0 (`podman stop`,
     # Kubernetes), as an orchestrator expects. Ctrl-C (SIGINT) keeps its 130.
