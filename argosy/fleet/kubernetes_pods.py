@@ -65,8 +65,8 @@ def replica_pod(name: str, replica_id: str, model: str, checkpoint: str, args: l
         ref = {"fieldRef": {"fieldPath": f"metadata.annotations['{LABEL}/gpus']"}}
         container_env += [{"name": "CUDA_VISIBLE_DEVICES", "valueFrom": ref},
                           {"name": "NVIDIA_VISIBLE_DEVICES", "valueFrom": ref}]
-    else:  # a CPU replica: its memory need is its request and its limit, so an overrun is OOMKilled, not a node's
-        mem = f"{max(1, math.ceil(need.gib * 1024))}Mi"
+    elif need.gib > 0:  # a CPU replica: its need is its memory request and limit: an overrun is its OOMKill alone
+        mem = f"{math.ceil(need.gib * 1024)}Mi"
         resources["requests"]["memory"] = resources["limits"]["memory"] = mem
     if not resources["limits"]:
         del resources["limits"]
