@@ -66,9 +66,14 @@ app_wheel() {  # out_dir
   (cd "$ROOT" && git ls-files -z 2>/dev/null | xargs -0 tar -cf - 2>/dev/null || tar -cf - --exclude=.venv --exclude=.git .) \
     | tar -xf - -C "$src"
   rm -rf "$1" && mkdir -p "$1"
+  # setuptools in a virtual environment kept in the cache: pip's build isolation would fetch it every time.
+  if [ ! -x "$CACHE/wheel-env/bin/python" ]; then
+    "$PYTHON" -m venv "$CACHE/wheel-env"
+    "$CACHE/wheel-env/bin/python" -m pip install --quiet "setuptools>=68" wheel
+  fi
   # A fixed timestamp (the commit's) makes the same sources the same wheel, so podman reuses the app layer.
   SOURCE_DATE_EPOCH="$(git -C "$ROOT" log -1 --format=%ct 2>/dev/null || echo 315532800)" \
-    "$PYTHON" -m pip wheel --quiet --no-deps --wheel-dir "$1" "$src"
+    "$CACHE/wheel-env/bin/python" -m pip wheel --quiet --no-deps --no-build-isolation --wheel-dir "$1" "$src"
   rm -rf "$src"
 }
 
@@ -152,9 +157,22 @@ for w in Path(sys.argv[2]).glob("*.whl"):
         w.unlink()
 EOF
   cp "$HERE/requirements-cpu.txt" "$ctx/"
+  rm -rf "$ctx/kernels-src" && mkdir -p "$ctx/kernels-src/csrc"
+  cp "$ROOT/argosy/engine/cpu_kernels.py" "$ctx/kernels-src/" && cp "$ROOT"/argosy/engine/csrc/*.c "$ctx/kernels-src/csrc/"
   app_wheel "$ctx/dist"
-  say "podman build argosy-cpu:$VERSION (target $CPU_TARGET)"
-  podman build --network=none --format docker --layers \
+  # The base + user + dependencies image, tagged by what goes into it: built once per lock.
+  local key deps
+  key="$( { cat "$HERE/requirements-cpu.txt"; sed '/^# ---- the C kernels/,$d' "$HERE/Containerfile.cpu";
+            podman image inspect --format '{{.Id}}' localhost/argosy-base-runtime:$SUITE localhost/argosy-base-build:$SUITE; } \
+          | sha256sum | cut -c1-12)"
+  deps="localhost/argosy-cpu-deps:$key"
+  if ! podman image exists "$deps"; then
+    say "podman build $deps (base, user, dependencies)"
+    podman build --network=none --format docker --layers --target runtime-deps \
+      -f "$HERE/Containerfile.cpu" -t "$deps" "$ctx"
+  fi
+  say "podman build argosy-cpu:$VERSION on $deps (kernels for $CPU_TARGET)"
+  podman build --network=none --format docker --layers --build-arg DEPS_IMAGE="$deps" \
     --build-arg VERSION="$VERSION" --build-arg REVISION="$REVISION" --build-arg CPU_TARGET="$CPU_TARGET" \
     -f "$HERE/Containerfile.cpu" -t "localhost/argosy-cpu:$VERSION" -t localhost/argosy-cpu:latest "$ctx"
   say "argosy-cpu:$VERSION built in $((SECONDS - t0)) s; $(podman image inspect --format '{{.Size}}' localhost/argosy-cpu:latest | awk '{printf "%.0f MB", $1/1e6}')"
