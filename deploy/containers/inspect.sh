@@ -8,10 +8,10 @@ IMAGE="${1:-localhost/argosy-cpu:latest}"
 export CONTAINERS_CONF="${CONTAINERS_CONF:-$(cd "$(dirname "$0")" && pwd)/containers.conf}"
 podman image inspect "$IMAGE" --format 'image {{.RepoTags}}: {{.Size}} bytes, user {{.Config.User}}, stop signal {{.Config.StopSignal}}'
 podman image inspect "$IMAGE" --format '{{range $k, $v := .Config.Labels}}label {{$k}}={{$v}}{{"\n"}}{{end}}'
-podman image inspect "$IMAGE" --format 'healthcheck {{.Healthcheck.Test}} every {{.Healthcheck.Interval}}'
+podman image inspect "$IMAGE" --format 'healthcheck {{.HealthCheck.Test}} every {{.HealthCheck.Interval}}'
 echo "layers (oldest first; empty ones left out):"
 podman history --format '{{.Size}}\t{{.CreatedBy}}' "$IMAGE" | awk -F'\t' '$1 != "0B" && $1 != "0 B"' | tac | cut -c1-140
-podman run --rm --network=none --entrypoint /opt/argosy/bin/python "$IMAGE" -c '
+podman run --rm --network=none --no-healthcheck --entrypoint /opt/argosy/bin/python "$IMAGE" -c '
 import importlib.metadata as m, shutil, torch
 cuda = sorted(d.metadata["Name"] for d in m.distributions() if d.metadata["Name"].lower().startswith(("nvidia", "cuda", "triton")))
 print("torch", torch.__version__, "CUDA", torch.version.cuda, "| GPU visible:", torch.cuda.is_available())
