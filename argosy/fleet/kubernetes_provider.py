@@ -62,6 +62,7 @@ class KubernetesProvider:
         self.closing = threading.Event()
         self.threads: list[threading.Thread] = []
         self.lease = None
+        self.connecting = asyncio.Lock()
 
     @staticmethod
     def _own_namespace() -> str:
@@ -74,8 +75,11 @@ class KubernetesProvider:
     # ------------------------------------------------------------------ connection and watches
 
     async def _connect(self) -> None:
-        if self.core is not None:
-            return
+        async with self.connecting:  # several replicas may start at once: one client, one pair of watches
+            if self.core is None:
+                await self._connect_once()
+
+    async def _connect_once(self) -> None:
         from kubernetes import client
 
         self.loop = asyncio.get_running_loop()
