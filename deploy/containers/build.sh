@@ -11,8 +11,12 @@
 #   1. the bases: Debian bookworm root filesystems made with mmdebstrap and `podman import`ed
 #      (runtime: Python 3.11, tini, libgomp; build: the same plus gcc and pip), tagged by their package list;
 #   2. the wheels: `pip download` of the pinned requirements (podman build runs with --network=none);
-#   3. Argosy's own wheel, from the tracked files of this checkout;
-#   4. podman build --network=none --format docker (HEALTHCHECK needs the docker format).
+#   3. Argosy's own wheel, from the tracked files of this checkout (setuptools from a kept environment);
+#   4. podman build --network=none --format docker (HEALTHCHECK needs the docker format): for the CPU
+#      image first the base + user + dependencies image, tagged by its inputs (made once per lock), then
+#      Argosy and its kernels on top of it, so a new revision rebuilds two small layers.
+# podman keeps the build stages as untagged images (its layer cache, mostly shared layers); remove them
+# with `podman image prune` when the disk matters more than the next build's time.
 # Settings: CPU_TARGET (x86-64-v3: AVX2 + FMA, any x86 server since about 2015; x86-64-v2 for older
 # CPUs, x86-64-v4 for AVX-512), PYTHON (python3.11), TAG (the package version), CONTAINERS_CONF (this
 # folder's containers.conf when unset: runc and ulimits a sandbox cannot raise).
