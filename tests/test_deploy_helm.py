@@ -133,6 +133,11 @@ def test_values_become_the_fleet_file(helm, tmp_path):
     gw = next(d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "prod-argosy-gateway")
     assert "replicas" not in gw["spec"]  # the HPA owns it
     assert "--insecure" not in gw["spec"]["template"]["spec"]["containers"][0]["args"]
+    # The controller sizes each model from its checkpoint's config.json: it mounts the replicas' volumes.
+    ctl = next(d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "prod-argosy-controller")
+    pod = ctl["spec"]["template"]["spec"]
+    assert {"name": "models", "persistentVolumeClaim": {"claimName": "models"}} in pod["volumes"]
+    assert {"name": "models", "mountPath": "/models", "readOnly": True} in pod["containers"][0]["volumeMounts"]
 
 
 def test_only_the_gateways_and_the_controller_reach_the_replicas(helm, tmp_path):
