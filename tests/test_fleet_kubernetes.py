@@ -119,8 +119,8 @@ def test_scale_down_deletes_the_pod_and_waits_until_it_is_gone(kube):
         waiter = asyncio.create_task(p.wait(go))
         await p.stop(go, timeout=10)
         assert go.handle not in {x["metadata"]["name"] for x in kube.pods()}
-        with pytest.raises(RuntimeError, match="deleted"):
-            await asyncio.wait_for(waiter, 5)  # the replica's wait ends with its pod
+        await asyncio.wait_for(waiter, 5)  # the replica's wait ends with its pod
+        assert "deleted" in go.detail
         assert p.alive(keep) and not p.alive(go)
         await p.close()
 
@@ -139,8 +139,8 @@ def test_a_pod_that_fails_ends_its_replica_and_out_of_memory_corrects_the_estima
         crash, oom = replica("a", placer, Need(1, 10.0)), replica("b", placer, Need(1, 30.0))
         await asyncio.gather(p.start(crash), p.start(oom))
         kube.fail_pod(crash.handle, "Error", "segfault", 139)
-        with pytest.raises(RuntimeError, match="exit 139"):
-            await asyncio.wait_for(p.wait(crash), 5)
+        await asyncio.wait_for(p.wait(crash), 5)
+        assert "exit 139" in crash.detail and not p.alive(crash)
         kube.fail_pod(oom.handle, "Error", "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2 GiB")
         with pytest.raises(OutOfMemoryAtLoad) as e:
             await asyncio.wait_for(p.wait(oom), 5)
@@ -170,8 +170,7 @@ def test_a_node_that_goes_away_ends_its_replicas_and_is_not_placed_on(kube):
         lost, kept = (ra, rb) if ra.node == "gpu-a" else (rb, ra)
         assert p.down_nodes() == set()
         kube.set_node_ready("gpu-a", False)
-        with pytest.raises(RuntimeError, match="NotReady"):
-            await asyncio.wait_for(p.wait(lost), 5)
+        await asyncio.wait_for(p.wait(lost), 5)
         assert "NotReady" in lost.detail and p.down_nodes() == {"gpu-a"}
         kube.delete_node("gpu-a")
         await asyncio.sleep(1.0)

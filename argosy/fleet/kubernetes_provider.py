@@ -43,6 +43,8 @@ def make_api_client(opts: KubernetesProviderOptions):
 
 
 class KubernetesProvider:
+    """A ReplicaProvider (argosy.fleet.seams) on a Kubernetes cluster: each replica a Pod."""
+
     name = "kubernetes"
 
     def __init__(self, options: dict | None = None):
@@ -274,14 +276,21 @@ class KubernetesProvider:
         return r.handle is not None and self.ended(r) is None
 
     async def wait(self, r: Replica) -> None:
-        """Until the replica's pod ends, is deleted or loses its node: then raises why (RuntimeError, or
-        OutOfMemoryAtLoad); returns only when the provider closes."""
+        """Returns when the replica's pod has ended, was deleted or lost its node (r.detail says which);
+        raises OutOfMemoryAtLoad when it ran out of memory (seams.ReplicaProvider)."""
         await self._until(lambda: self.ended(r) is not None or self.closing.is_set(), float("inf"))
-        if not self.closing.is_set():
+        if self.closing.is_set():
+            return
+        try:
             self._raise_if_ended(r)
+        except OutOfMemoryAtLoad:
+            raise
+        except RuntimeError:
+            return  # an ordinary ending: r.detail says what it was
 
     async def stop(self, r: Replica, timeout: float = 10.0) -> None:
-        """Delete the pod gracefully (its preStop drains; then SIGTERM) and wait up to `timeout` for it to go."""
+        """Delete the pod gracefully and wait up to `timeout` for it to go. No force after `timeout`: its
+        preStop drains what other gateways sent it; Kubernetes kills it after termination_grace_s."""
         if r.handle is None or self.core is None:
             return
         from kubernetes.client.exceptions import ApiException

@@ -76,7 +76,7 @@ class Discovery:
         for url in sorted(before - now):
             rt.remove_upstream(url)
             if not any(url in {u.url for u in other.upstreams()} for other in self.gw.models.values()):
-                self.gw.reg.by_url.pop(url, None)
+                self.gw.forget_upstream(url)  # its counters and scraped gauges go with it
             log.info("gateway: %s: upstream %s gone", name, url)
         self.found[name] = now
 
