@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -63,7 +64,7 @@ def image():
     tail = []
     for line in proc.stdout:
         tail = (tail + [line.rstrip()])[-40:]
-        if line.startswith(("[build.sh", "STEP", "[1/3]", "[2/3]", "[3/3]")):
+        if line.startswith(("[build.sh", "STEP")) or re.match(r"\[\d+/\d+\] STEP", line):
             print("  " + line.rstrip(), flush=True)
     assert proc.wait() == 0, "build.sh failed:\n" + "\n".join(tail)
     print(f"  image built in {time.monotonic() - t0:.0f} s", flush=True)
