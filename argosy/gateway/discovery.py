@@ -65,9 +65,6 @@ class Discovery:
                 now = set()  # the name has no address: no replica is ready
             self.apply(name, now)
 
-    def has(self, url: str) -> bool:
-        return any(url in urls for urls in self.found.values())
-
     def apply(self, name: str, now: set[str]) -> None:
         rt, before = self.gw.models[name], self.found.get(name, set())
         for url in sorted(now - before):
