@@ -92,6 +92,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from argosy.bench.cli import add_bench_arguments, run_bench
     from argosy.cost.cli import add_cost_arguments, run_cost
+    from argosy.fleet.scheduler_extender import add_extender_arguments, run_extender
     from argosy.fleet.serve import add_serve_arguments, run_serve
     from argosy.fleet.status import add_config_arguments, add_status_arguments, run_config, run_status
     from argosy.gateway.cli import add_gateway_arguments, run_gateway
@@ -127,6 +128,8 @@ def main(argv: list[str] | None = None) -> int:
          add_plan_arguments, run_plan),
         ("cost", "$ per million tokens, cost of ownership, break-even against hosted APIs",
          add_cost_arguments, run_cost),
+        ("scheduler-extender", "a kube-scheduler extender placing Argosy replica pods by GPU memory",
+         add_extender_arguments, run_extender),
     ]
     for name, help_text, add_arguments, run in commands:
         p = sub.add_parser(name, help=help_text)

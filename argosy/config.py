@@ -63,6 +63,9 @@ class GatewayConfig(_Strict):
     default_max_tokens: int = Field(256, ge=1)  # token estimate when a request has no max_tokens
     shared_sync_s: float = Field(0.1, gt=0)  # with redis: period of the in-flight count exchange
     prices: str | None = None  # price book for keys' spend and budgets (default: argosy/cost/prices.yaml)
+    # On SIGTERM or Ctrl-C: streams in flight get this long to finish before connections are closed (the
+    # default fits podman's 10 s stop timeout; Kubernetes gives 30 s unless the pod says otherwise).
+    drain_timeout_s: float = Field(8.0, ge=0)
 
 
 class KeyConfig(_Strict):
@@ -243,6 +246,7 @@ class ModelConfig(_Strict):
     traffic: list[TrafficRoute] | None = None
     shadow: ShadowConfig | None = None
     upstreams: list[str] | None = None  # any OpenAI-compatible servers (not managed by Argosy)
+    discover: str | None = None  # HOST:PORT resolved every health interval, one upstream per address (headless Service)
     debug: bool = False  # log this model's prompts and completions
 
     @field_validator("checkpoint")
@@ -261,6 +265,16 @@ class ModelConfig(_Strict):
             target = a.target if "target" in a.model_fields_set else ENCODER_TOKENS_TARGET
             self.autoscaling = a.model_copy(update={"metric": "tokens", "target": target})
         return self
+
+    @field_validator("discover")
+    @classmethod
+    def _host_port(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        host, _, port = v.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536 or "/" in v:
+            raise ValueError(f"discover {v!r} is not HOST:PORT (e.g. argosy-replicas-m.ns.svc:8000)")
+        return v
 
     @field_validator("upstreams")
     @classmethod
@@ -312,6 +326,8 @@ class FleetConfig(_Strict):
                 _check_options(RayProviderOptions, opts, "providers.ray")
             elif name == "local":
                 _check_options(LocalProviderOptions, opts, "providers.local")
+            elif name == "kubernetes":
+                _check_options(KubernetesProviderOptions, opts, "providers.kubernetes")
         return self
 
 
@@ -323,6 +339,38 @@ class RayProviderOptions(_Strict):
     address: str | None = None  # an existing cluster (ray://host:10001 or host:6379); None: a local one
     namespace: str = "argosy"
     num_cpus: float = Field(1.0, ge=0)  # CPUs each replica actor requests
+
+
+class KubernetesProviderOptions(_Strict):
+    """providers.kubernetes: each replica a Pod (docs/deploy.md, docs/kubernetes.md)."""
+    kubeconfig: str | None = None  # None: the in-cluster service account, else $KUBECONFIG / ~/.kube/config
+    context: str | None = None  # a kubeconfig context (None: its current one)
+    namespace: str | None = None  # None: the controller pod's own namespace (in-cluster), else "default"
+    image: str = "localhost/argosy-cpu:latest"  # the replicas' image (deploy/containers)
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
+    image_pull_secrets: list[str] = []
+    service_account: str | None = None  # the replicas' (None: the namespace's default)
+    gpu_resource: str = "nvidia.com/gpu"  # the device plugin's resource name
+    gpu_memory_label: str = "nvidia.com/gpu.memory"  # node label: MiB per GPU (GPU feature discovery's)
+    gpu_product_label: str = "nvidia.com/gpu.product"
+    cpu: str = "1"  # CPU request of a replica (also its limit when cpu_limit is true)
+    cpu_limit: bool = False
+    scheduler_name: str | None = None  # a kube-scheduler profile with Argosy's extender: pods are not pinned
+    node_selector: dict[str, str] = {}
+    tolerations: list[dict[str, Any]] = []
+    labels: dict[str, str] = {}  # extra labels on every replica pod (e.g. for NetworkPolicies)
+    volumes: list[dict[str, Any]] = []  # Kubernetes volume objects, e.g. the PVC that holds checkpoints
+    volume_mounts: list[dict[str, Any]] = []
+    env: dict[str, str] = {}
+    owner_pod: str | None = None  # owner of every replica pod (None: $POD_NAME, the controller's own pod)
+    port: int = Field(8000, ge=1, le=65535)  # the replicas' container port
+    termination_grace_s: int = Field(90, ge=1)  # preStop drain + SIGTERM shutdown must fit in it
+    drain_s: int = Field(60, ge=0)  # preStop: wait this long at most for in-flight requests to finish
+    start_timeout_s: float = Field(900, gt=0)  # scheduling + image pull + load, before the replica counts failed
+    leader_election: bool = False  # several controllers: only the Lease holder starts replicas
+    lease_name: str = "argosy-fleet-controller"
+    lease_duration_s: int = Field(15, ge=2)
+    resync_s: float = Field(30, gt=0)  # full re-list of pods and nodes besides the watches
 
 
 def _check_options(model: type[_Strict], opts: dict[str, Any], where: str) -> None:

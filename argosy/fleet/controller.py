@@ -20,8 +20,8 @@ from argosy.fleet.placement import Need, Node, Placer, detect_nodes, replica_nee
 from argosy.fleet.replica import DRAINING, READY, WARMING
 from argosy.fleet.seams import GatewayPort, ReplicaProvider
 
-PROVIDERS = ("local", "ray")
-DISCOVERS_NODES = {"ray"}  # providers whose nodes, when the fleet file lists none, are found at run time
+PROVIDERS = ("local", "ray", "kubernetes")
+DISCOVERS_NODES = {"ray", "kubernetes"}  # providers whose nodes, when the fleet file lists none, are found at run time
 
 log = logging.getLogger("argosy.fleet")
 
@@ -33,6 +33,10 @@ def make_provider(name: str, options: dict) -> ReplicaProvider:
         from argosy.fleet.ray_provider import RayProvider
 
         return RayProvider(options)
+    if name == "kubernetes":
+        from argosy.fleet.kubernetes_provider import KubernetesProvider
+
+        return KubernetesProvider(options)
     raise ValueError(f"providers.{name}: unknown provider ({', '.join(PROVIDERS)})")
 
 

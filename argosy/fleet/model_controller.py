@@ -15,7 +15,7 @@ from argosy.config import ModelConfig
 from argosy.fleet.autoscaler import Autoscaler, Decision, Observation
 from argosy.fleet.engine_args import engine_args
 from argosy.fleet.metrics import FleetMetrics
-from argosy.fleet.placement import Need, Placer, Unplaceable
+from argosy.fleet.placement import Need, OutOfMemoryAtLoad, Placer, Unplaceable
 from argosy.fleet.replica import DRAINING, FAILED, LIVE, READY, STARTING, STOPPED, WARMING, Replica, ReplicaSpec
 from argosy.fleet.seams import GatewayPort, ModelRoutes, ReplicaProvider
 from argosy.gateway.errors import unavailable
@@ -178,6 +178,7 @@ class ModelController:
             r.state = WARMING
             while not await self._is_ready(r):
                 if not self.provider.alive(r):
+                    await self.provider.wait(r)  # it has ended: a provider may raise why (out of memory)
                     raise RuntimeError(f"exited while warming: {r.detail}")
                 await asyncio.sleep(0.25)
             r.state, r.ready_at = READY, self.clock()
@@ -207,6 +208,9 @@ class ModelController:
 
     async def _failed(self, r: Replica, e: Exception) -> None:
         r.state, r.detail = FAILED, f"{type(e).__name__}: {e}"[-300:]
+        if isinstance(e, OutOfMemoryAtLoad):  # the estimate was short: grow it, and try other GPUs first
+            self.need = e.corrected
+            self.placer.note_oom(self.name, e.placement)
         self.failures += 1
         delay = min(self.a.restart_backoff_s * 2 ** (self.failures - 1), MAX_BACKOFF_S)
         self.next_start_at = self.clock() + delay

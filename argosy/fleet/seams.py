@@ -76,7 +76,8 @@ class ReplicaProvider(Protocol):
     def alive(self, r: Replica) -> bool: ...
 
     async def wait(self, r: Replica) -> None:
-        """Return when it has ended."""
+        """Return when it has ended (r.detail says why). It may raise placement.OutOfMemoryAtLoad instead:
+        the replica ran out of memory at load; the controller then grows the model's estimate."""
 
     async def stop(self, r: Replica, timeout: float = 10.0) -> None:
         """End it: gracefully, then by force after `timeout` seconds."""

@@ -129,7 +129,11 @@ class Gateway:
                                     self.shared.gid)
             await self.key_sync.start()
         self.health = HealthChecker(self.session, gw.health_interval_s, gw.health_timeout_s, self.scraper)
+        from argosy.gateway.discovery import Discovery  # models with `discover:` (Kubernetes headless Services)
+
+        self.discovery = Discovery(self, gw.health_interval_s)
         self.health.start(lambda: self.reg.by_url.values(), self.gauge_urls)
+        self.discovery.start()
 
     def gauge_urls(self) -> set[str]:
         """Upstreams whose load gauges a router of theirs reads, as the routing sets stand now."""
@@ -137,6 +141,7 @@ class Gateway:
                 for u in rt.upstreams()}
 
     async def shutdown(self) -> None:
+        await self.discovery.stop()
         await self.health.stop()
         await self.shadower.stop()
         if self.key_sync is not None:

@@ -8,8 +8,10 @@ endpoints need the admin key whatever else is set (admin.require_admin).
 from __future__ import annotations
 
 import argparse
+import signal
 import socket
 import sys
+import threading
 
 from argosy.bind_errors import port_problem
 from argosy.config import FleetConfigError, load_fleet, parse_fleet
@@ -102,7 +104,20 @@ def serve_on(app, fleet, sock: socket.socket) -> int:
     # proxy_headers=False: the gateway is the front door and trusts no X-Forwarded-* header (and skips
     # that middleware's work on every request).
     cfg = uvicorn.Config(app, lifespan="on", access_log=False, log_level="warning", ssl_certfile=tls.cert,
-                         ssl_keyfile=tls.key, timeout_graceful_shutdown=5, log_config=None, proxy_headers=False,
-                         server_header=False)
-    uvicorn.Server(cfg).run(sockets=[sock])
+                         ssl_keyfile=tls.key, timeout_graceful_shutdown=fleet.gateway.drain_timeout_s,
+                         log_config=None, proxy_headers=False, server_header=False)
+    # uvicorn shuts down gracefully on SIGTERM, then raises the signal again so the exit status says why it
+    # ended; that re-raise reaches this handler: a requested, completed stop exits 0 (`podman stop`,
+    # Kubernetes), as an orchestrator expects. Ctrl-C (SIGINT) keeps its 130.
+    main = threading.current_thread() is threading.main_thread()  # handlers can be set from there only
+    previous = signal.signal(signal.SIGTERM, _stopped) if main else None
+    try:
+        uvicorn.Server(cfg).run(sockets=[sock])
+    finally:
+        if main:
+            signal.signal(signal.SIGTERM, previous)
     return 0
+
+
+def _stopped(signum, frame) -> None:
+    raise SystemExit(0)
