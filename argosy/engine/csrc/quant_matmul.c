@@ -2,7 +2,7 @@
  *
  * The weights stay in their blocks and are dequantized inside the products; the activations stay
  * float32 (llama.cpp quantizes them to int8 for integer dot products: faster, but the answers move; a
- * step here is then the exact dequantized model's, as transformers computes it from the same file).
+ * step here is the dequantized model's, as a float32 model of the same weights computes it).
  * - One row (a single stream, bound by reading W): each block is widened in registers and multiplied
  *   into the row straight from the file's bytes, each weight byte read once. Per block of 32,
  *   sum_i (a q_i + c) x_i = a sum_i q_i x_i + c sum_i x_i, with the x block sums computed once.
