@@ -215,3 +215,18 @@ def test_one_token_steps_in_one_c_call_give_the_layer_by_layer_tokens(tmp_path, 
         assert "forward" not in vars(llm.engine.runner.model)
         layered = [llm.generate(p, LONGER, use_tqdm=False)[0].outputs[0].token_ids for p in PROMPTS]
     assert fused == layered
+
+
+def test_quantized_kernels_give_the_dequantized_float_model_tokens(tmp_path, llama_folder, monkeypatch):
+    path = str(hf_to_gguf(llama_folder, tmp_path / "q4.gguf", "Q4_1", tensor_types={"token_embd.weight": "Q8_0"}))
+
+    def batch_and_single_streams(llm) -> list[list[int]]:  # a batch: 4x4 tiles; one stream: the single-row path
+        both = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, GREEDY, use_tqdm=False)]
+        return both + [llm.generate(p, GREEDY, use_tqdm=False)[0].outputs[0].token_ids for p in PROMPTS]
+
+    with LLM(path, kv_cache_memory_gib=0.05) as llm:
+        kept = batch_and_single_streams(llm)
+    monkeypatch.setattr(quant_kernels, "available", lambda: False)  # every tensor dequantized to float32 at load
+    with LLM(path, kv_cache_memory_gib=0.05) as llm:
+        assert not any(isinstance(m, QuantLinear) for m in llm.engine.runner.model.modules())
+        assert kept == batch_and_single_streams(llm)
