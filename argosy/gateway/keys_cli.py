@@ -22,6 +22,7 @@ import yaml
 from argosy.config import FleetConfigError, parse_fleet
 from argosy.gateway import local_admin
 from argosy.gateway.keys import new_key
+from argosy.gateway.pepper import fleet_pepper
 
 PROG = "argosy keys"
 
@@ -185,7 +186,7 @@ def _offline(args) -> int:
         print(render([{**k, "source": "fleet", "usage": None} for k in keys]))
         print(f"(from {path}; usage needs a running gateway: drop --offline)", file=sys.stderr)
         return 0
-    key, key_hash = new_key() if verb in ("add", "rotate") else (None, None)
+    key, key_hash = new_key(fleet_pepper(path)) if verb in ("add", "rotate") else (None, None)
     _write_file(args, key_hash)
     if key is not None:
         print(key)
