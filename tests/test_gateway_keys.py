@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from argosy.gateway import keys as keys_module
-from argosy.gateway.cli import add_keys_arguments, run_keys
+from argosy.gateway.keys_cli import add_keys_arguments, run_keys
 from tests.gateway_fixtures import start_gateway, start_upstream
 
 BODY = {"model": "m", "prompt": "hello", "max_tokens": 2}
@@ -23,7 +23,7 @@ BODY = {"model": "m", "prompt": "hello", "max_tokens": 2}
 def keys_add(fleet_path, name: str, capsys) -> str:
     ap = argparse.ArgumentParser()
     add_keys_arguments(ap)
-    assert run_keys(ap.parse_args(["add", name, "--config", str(fleet_path)])) == 0
+    assert run_keys(ap.parse_args(["add", name, "--config", str(fleet_path), "--offline"])) == 0
     return capsys.readouterr().out.strip()
 
 
