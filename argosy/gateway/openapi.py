@@ -97,7 +97,7 @@ def document(models: list[str] | None = None, max_model_len: int = 1 << 20) -> d
             "/v1/models": {"get": {"summary": "the fleet's models", "responses": {
                 "200": ok("the model list"), "401": error("no or a wrong API key"),
                 "429": error("too many failed authentications (Retry-After)")}}},
-            "/health": public("the gateway is up"),
+            "/health": {**public("the gateway is up"), "head": public("the gateway is up")["get"]},
             "/metrics": public("Prometheus metrics (argosy_gateway_*, argosy_fleet_*)", "text/plain"),
             "/metrics/targets": public("Prometheus HTTP service discovery of the replicas"),
             "/dashboard": public("the live dashboard page", "text/html"),
@@ -113,6 +113,8 @@ def document(models: list[str] | None = None, max_model_len: int = 1 << 20) -> d
             "/admin/keys": {**admin("key names, limits and usage (never hashes)", "get"),
                             **admin("create a key (returned once)", "post", new_key)},
             "/admin/keys/{name}": admin("revoke a key", "delete", params=name),
+            "/admin/keys/{name}/rotate": admin("a new secret for a key, same limits and usage (returned once)",
+                                               "post", params=name),
             "/admin/fleet": admin("with argosy serve: nodes, replicas, autoscaler decisions", "get"),
             "/openapi.json": public("this document"),
         },

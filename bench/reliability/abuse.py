@@ -34,8 +34,8 @@ def main() -> int:
     for kind, n in kinds.items():
         if args.only and kind not in args.only:
             continue
-        up, big = start_upstream("valid"), start_upstream("endless", token_delay=0.02)
-        big.control(text=" ".join(["x" * 2048] * 100_000))
+        up, big = start_upstream("valid"), start_upstream("endless", token_delay=0.002)
+        big.control(text=" ".join(["x" * 2048] * 20_000))  # 2 KiB events, 500 a second, 40 MB a stream
         gw = start_gateway({"gateway": {"request_header_timeout_s": 10.0, "idle_read_timeout_s": 10.0},
                             "models": [{"name": "m", "upstreams": [up.url]}, {"name": "big", "upstreams": [big.url]}]})
         pid = gw.popen.pid
