@@ -51,7 +51,8 @@ class GatewayMetrics:
                               registry=r)
         self.shadow_latency = Histogram("argosy_gateway_shadow_e2e_seconds", "Shadow request latency", ["model"],
                                         buckets=LAT, registry=r)
-        tasks = Gauge("argosy_asyncio_tasks", "Asyncio tasks in this process's event loop (leak checks)", registry=r)
+        tasks = Gauge("argosy_gateway_asyncio_tasks", "Asyncio tasks in the gateway's event loop (leak checks)",
+                      registry=r)
         tasks.set_function(lambda: len(asyncio.all_tasks()))  # read at scrape time, in the loop's thread
 
     def watch(self, admission: Callable[[], Iterable[tuple[str, AdmissionLoad]]],

@@ -7,11 +7,10 @@ engine's stats snapshot at scrape time, so a step pays nothing for them.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -91,8 +90,6 @@ class ServerMetrics:
                           LABELS + ["finished_reason"], registry=reg)
         self.success = {reason: success.labels(model, reason) for reason in FINISH_REASONS}
         reg.register(_EngineStatsCollector(model_name, stats))
-        tasks = Gauge("argosy_asyncio_tasks", "Asyncio tasks in this process's event loop (leak checks)", registry=reg)
-        tasks.set_function(lambda: len(asyncio.all_tasks()))  # read at scrape time, in the loop's thread
         self._live: dict[str, _Track] = {}
 
     def render(self) -> bytes:
