@@ -59,7 +59,17 @@ class GatewayConfig(_Strict):
     eject_for_s: float = Field(5.0, gt=0)  # open breaker cooldown before a half-open probe
     max_retries: int = Field(2, ge=0)  # retries on another upstream for a request that failed before its first byte
     retry_budget: float = Field(0.2, ge=0)  # retries allowed per request, averaged (plus a burst of 10)
-    connect_timeout_s: float = Field(5.0, gt=0)
+    connect_timeout_s: float = Field(5.0, gt=0)  # Envoy's cluster connect_timeout default
+    # A hung upstream never holds a request forever. Until the response head (and a stream's first chunk):
+    # 600 s, LiteLLM's request timeout (vllm-router waits 1800 s); a non-streamed answer's head comes only
+    # once the whole completion is done. Between two reads after that: 300 s, Envoy's stream_idle_timeout.
+    first_byte_timeout_s: float = Field(600.0, gt=0)
+    idle_read_timeout_s: float = Field(300.0, gt=0)
+    max_upstream_connections: int = Field(1024, ge=1)  # per upstream: Envoy's max_connections circuit breaker
+    max_body_bytes: int = Field(8 * 1024 * 1024, ge=1)  # request bodies above: 413 (the engine's cap too)
+    request_header_timeout_s: float = Field(30.0, gt=0)  # a request head not complete by then: closed (slow loris)
+    key_pepper_file: str | None = None  # HMAC pepper of key hashes (None: ~/.config/argosy/key-pepper)
+    auth_failures_per_minute: int = Field(30, ge=1)  # per client address; beyond: 429 (auth.py)
     default_max_tokens: int = Field(256, ge=1)  # token estimate when a request has no max_tokens
     shared_sync_s: float = Field(0.1, gt=0)  # with redis: period of the in-flight count exchange
     prices: str | None = None  # price book for keys' spend and budgets (default: argosy/cost/prices.yaml)
@@ -418,4 +428,8 @@ def load_fleet(path: str | Path) -> FleetConfig:
         raise FleetConfigError.from_yaml(p, e) from None
     except OSError as e:
         raise FleetConfigError(f"{p}: {e.strerror or e}") from None
-    return parse_fleet(data, str(p))
+    fleet = parse_fleet(data, str(p))
+    pepper = fleet.gateway.key_pepper_file
+    if pepper is not None and not Path(pepper).expanduser().is_absolute():  # relative to the fleet file
+        fleet.gateway.key_pepper_file = str(p.resolve().parent / pepper)
+    return fleet

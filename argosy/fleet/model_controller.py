@@ -20,6 +20,7 @@ from argosy.fleet.replica import DRAINING, FAILED, LIVE, READY, STARTING, STOPPE
 from argosy.fleet.seams import GatewayPort, ModelRoutes, ReplicaProvider
 from argosy.gateway.errors import unavailable
 from argosy.gateway.scraper import ReplicaGauges
+from argosy.server.auth import API_KEY_ENV
 
 log = logging.getLogger("argosy.fleet")
 MAX_BACKOFF_S = 30.0
@@ -146,7 +147,9 @@ class ModelController:
         args = engine_args(self.cfg, self.need.gpus > 0) + ["--revision", self.cfg.revision]
         if self.otlp_endpoint:  # the replica continues the gateway's traces
             args += ["--otlp-endpoint", self.otlp_endpoint]
-        spec = ReplicaSpec(self.name, str(self.cfg.checkpoint), args)
+        # The fleet's replica secret goes through the environment, never argv (`ps` shows argv to anyone).
+        spec = ReplicaSpec(self.name, str(self.cfg.checkpoint), args,
+                           env={API_KEY_ENV: self.gateway.upstream_auth.fleet_secret()})
         r = Replica(self.name, spec, pooled=pooled)
         try:
             down = self.provider.down_nodes()
@@ -175,6 +178,7 @@ class ModelController:
     async def run_replica(self, r: Replica) -> None:
         try:
             await self.provider.start(r)
+            self.gateway.upstream_auth.register(r.url, r.spec.env[API_KEY_ENV])  # shown on every call to it
             r.state = WARMING
             while not await self._is_ready(r):
                 if not self.provider.alive(r):

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from argosy.gateway.admission import AdmissionLoad
     from argosy.gateway.fleet_view import FleetView
     from argosy.gateway.scraper import ReplicaScraper
+    from argosy.gateway.upstream_auth import UpstreamAuth
 
 
 class ModelRoutes(Protocol):
@@ -51,6 +52,7 @@ class GatewayPort(Protocol):
 
     registry: CollectorRegistry  # the controller's series join the gateway's /metrics
     scraper: ReplicaScraper  # replicas' vllm:* gauges
+    upstream_auth: UpstreamAuth  # the replicas' secret: in each replica's environment, on each call to it
 
     @property
     def session(self) -> aiohttp.ClientSession | None:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from argosy.gateway.components import ENCODER_PATHS, encoder_prompt, set_encoder_texts
-from argosy.gateway.errors import bad_request
+from argosy.gateway.limits import parse_json
 from argosy.gateway.validation import check_body
 
 
@@ -31,10 +31,7 @@ class ProxiedRequest:
     @classmethod
     def parse(cls, path: str, body: bytes, default_max_tokens: int) -> ProxiedRequest:
         """Parse and check (validation.check_body) before anything acts on the body: a 400 otherwise."""
-        try:
-            req = json.loads(body)
-        except (ValueError, RecursionError):  # not JSON, not UTF-8, or nested past the parser's depth
-            raise bad_request("the body must be a JSON object (with a 'model' field)", None, "invalid_json") from None
+        req = parse_json(body)  # strict: no NaN or Infinity, no lone surrogates; too deep or not UTF-8: a 400
         check_body(path, req)
         text, ptoks, texts = prompt_of(path, req)
         max_toks = req.get("max_tokens") or req.get("max_completion_tokens") or default_max_tokens

@@ -44,7 +44,7 @@ async def static_file(gw: Gateway, scope: Scope, receive: Receive, send: Send) -
 
 
 async def data(gw: Gateway, scope: Scope, receive: Receive, send: Send) -> None:
-    require_admin_beyond_loopback(gw, scope)  # it lists replica URLs and key names; the page itself stays open
+    await require_admin_beyond_loopback(gw, scope)  # it lists replica URLs and key names; the page itself stays open
     body = await snapshot(gw)
     body["keys"] = await key_usage(gw)
     await respond(send, 200, json.dumps(body).encode())

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import os
 import socket
 from pathlib import Path
 
 from argosy.engine.config_flags import add_engine_flags
 from argosy.observe.logs import add_logging_arguments
+from argosy.server.auth import API_KEY_ENV
 
 DEFAULT_PORT = 8100
 DEFAULT_MAX_QUEUE = 1024
@@ -41,6 +43,9 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
                         help="largest request body accepted (413 above)")
     parser.add_argument("--max-client-batch-size", type=int, default=None,
                         help="encoder checkpoints: most inputs in one request (413 above; default 2048)")
+    parser.add_argument("--api-key", default=None,
+                        help="require `Authorization: Bearer KEY` on every route but /health, /ready and /metrics "
+                             "(default: $ARGOSY_API_KEY; the variable keeps the key out of `ps`)")
     parser.add_argument("--otlp-endpoint", default=None, metavar="URL",
                         help="export OpenTelemetry traces over OTLP/HTTP, e.g. http://127.0.0.1:4318 (default: off)")
     add_logging_arguments(parser)
@@ -126,7 +131,8 @@ def run_engine_server(args: argparse.Namespace) -> None:
     prometheus_client.disable_created_metrics()  # no *_created series: vLLM's scrape shape
     app = build_app(served, make_engine, max_queue=args.max_queue, max_body_bytes=args.max_body_bytes,
                     on_ready=on_ready, on_failed=on_failed, tracing=tracing, root=str(model),
-                    revision=getattr(args, "revision", None))
+                    revision=getattr(args, "revision", None),
+                    api_key=args.api_key or os.environ.get(API_KEY_ENV) or None)
     # No access log: request lines are noise at this rate, and the server never logs prompts anyway.
     # log_config=None: uvicorn's own loggers go through the root handler (JSON or text, as chosen).
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on",
