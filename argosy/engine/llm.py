@@ -24,7 +24,7 @@ class LLM:
         # vLLM spellings that mean the same here.
         if "kv_cache_memory" in kwargs:
             kwargs["kv_cache_memory_gib"] = kwargs.pop("kv_cache_memory")
-        for ignored in ("tokenizer", "trust_remote_code", "enforce_eager"):
+        for ignored in ("tokenizer", "trust_remote_code"):
             kwargs.pop(ignored, None)
         kwargs.setdefault("usage", "offline")
         unknown = set(kwargs) - known
