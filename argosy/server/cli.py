@@ -55,6 +55,7 @@ def run_engine_server(args: argparse.Namespace) -> None:
 
     from argosy.engine.config_flags import engine_config_from_args
     from argosy.server.app import build_app
+    from argosy.server.device_telemetry import DeviceTelemetry
 
     model = Path(args.model) if args.model else builtin_model_path()
     try:  # the settings first: a bad flag is named before anything is read
@@ -105,9 +106,10 @@ def run_engine_server(args: argparse.Namespace) -> None:
         server.should_exit = True
 
     prometheus_client.disable_created_metrics()  # no *_created series: vLLM's scrape shape
+    telemetry = DeviceTelemetry.for_device(config.resolved_device().type)  # GPUs through NVML on CUDA
     app = build_app(served, make_engine, max_queue=args.max_queue, max_body_bytes=args.max_body_bytes,
                     on_ready=on_ready, on_failed=on_failed, tracing=tracing, root=str(model),
-                    revision=getattr(args, "revision", None))
+                    revision=getattr(args, "revision", None), telemetry=telemetry)
     # No access log: request lines are noise at this rate, and the server never logs prompts anyway.
     # log_config=None: uvicorn's own loggers go through the root handler (JSON or text, as chosen).
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on",
