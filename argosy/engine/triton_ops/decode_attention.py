@@ -33,7 +33,8 @@ def num_splits_for(num_seqs: int, num_kv_heads: int, max_splits: int = MAX_SPLIT
     return max(1, min(max_splits, next_pow2(-(-TARGET_PROGRAMS // programs))))
 
 
-@triton.jit
+# Table widths vary from step to step (eager): no specialisation on them, so no recompiles mid-run.
+@triton.jit(do_not_specialize=["stride_bt"], do_not_specialize_on_alignment=["context_lens_ptr"])
 def _decode_split_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_table_ptr, context_lens_ptr,
     part_max_ptr, part_sum_ptr, part_acc_ptr, scale_log2,

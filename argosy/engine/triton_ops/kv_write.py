@@ -10,7 +10,7 @@ import triton.language as tl
 from argosy.engine.triton_ops import Launch, next_pow2
 
 
-@triton.jit
+@triton.jit(do_not_specialize_on_alignment=["slot_ptr"])  # a view into the step's one copy: offsets vary
 def _write_kv_kernel(
     k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_ptr,
     stride_kt, stride_kh, stride_vt, stride_vh, stride_cb, stride_ct, stride_ch,

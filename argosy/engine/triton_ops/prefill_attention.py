@@ -22,7 +22,10 @@ BLOCK_M = 32  # queries per program
 BLOCK_N = 32  # keys per tile
 
 
-@triton.jit
+# Widths and the offsets of the per-chunk arrays (views into one host-to-device copy) vary from step to
+# step: no specialisation on them, so no recompiles mid-run.
+@triton.jit(do_not_specialize=["stride_bt"],
+            do_not_specialize_on_alignment=["query_start_ptr", "query_len_ptr", "context_len_ptr"])
 def _prefill_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, block_table_ptr, query_start_ptr, query_len_ptr, context_len_ptr,
     scale_log2, stride_qt, stride_qh, stride_ot, stride_oh, stride_cb, stride_ct, stride_ch, stride_bt,
