@@ -29,6 +29,7 @@ sequence's K/V once, at the device-to-device copy bandwidth measured here (bytes
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import subprocess
@@ -147,7 +148,7 @@ def transformers_side(folder: Path, tensors: dict, cfg: dict, dtype, device) -> 
     return {"version": __import__("transformers").__version__, **measure(generate, device, cfg, "transformers")}
 
 
-def argosy_side(folder: Path, tensors: dict, cfg: dict, device, smoke: bool) -> tuple[dict, object]:
+def argosy_side(folder: Path, tensors: dict, cfg: dict, device, smoke: bool) -> dict:
     from gpu_models import memory_checkpoint
 
     from argosy import LLM, SamplingParams
@@ -178,7 +179,7 @@ def argosy_side(folder: Path, tensors: dict, cfg: dict, device, smoke: bool) -> 
     result.update(measure(generate, device, cfg, "argosy"))
     if runner.graphs is not None:
         result["graph_replays"] = runner.graphs.replays
-    return result, llm
+    return result  # the engine goes with llm: its memory is free for the replica started next
 
 
 def telemetry_check(device_type: str) -> dict:
@@ -187,7 +188,8 @@ def telemetry_check(device_type: str) -> dict:
     import urllib.request
 
     progress("starting a replica to read its /metrics")
-    proc = subprocess.Popen([sys.executable, "-m", "argosy.server", "--port", "0", "--max-num-seqs", "8"],
+    proc = subprocess.Popen([sys.executable, "-m", "argosy.server", "--port", "0", "--max-num-seqs", "8",
+                             "--kv-cache-memory", "1"],
                             cwd=tempfile.gettempdir(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         url = None
@@ -253,12 +255,13 @@ def main() -> None:
                 if side == "transformers":
                     report[side] = transformers_side(folder, tensors, cfg, dtype, device)
                 else:
-                    report[side], _ = argosy_side(folder, tensors, cfg, device, args.cpu_smoke)
+                    report[side] = argosy_side(folder, tensors, cfg, device, args.cpu_smoke)
             except torch.cuda.OutOfMemoryError as exc:
                 errors.append(f"{side}: out of memory: {exc}")
             except Exception as exc:  # keep measuring the other side; the report says what failed
                 errors.append(f"{side}: {type(exc).__name__}: {exc}")
                 progress(errors[-1])
+            gc.collect()  # a model's reference cycles would keep its GPU memory
             if device.type == "cuda":
                 torch.cuda.empty_cache()
     report["telemetry"] = telemetry_check(device.type)

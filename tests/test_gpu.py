@@ -66,7 +66,7 @@ def test_the_kv_cache_is_sized_from_a_profile_and_the_largest_step_fits(tiny_lla
     assert kv_bytes <= 0.5 * profile.total - profile.in_use
     free, total = torch.cuda.mem_get_info()
     assert total - free <= 0.5 * total * 1.02  # the engine stays within its share (2 % for rounding)
-    prompts = [[5] * 32] * 256  # the whole token budget in one step, every sequence sampled
+    prompts = [[5 + i] * 32 for i in range(256)]  # the whole token budget in one step (no shared prefix)
     out = llm.generate(prompts, SamplingParams(temperature=0.8, top_p=0.9, max_tokens=4, logprobs=5),
                        use_tqdm=False)
     assert len(out) == 256 and all(len(o.outputs[0].token_ids) == 4 for o in out)
