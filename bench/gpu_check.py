@@ -20,7 +20,8 @@ The rest travels in .whl/ beside the code; fetch it here, from the repository ro
 build isolation) and runs the rest of itself in a fresh interpreter with PYTHONPATH=/tmp/site.
 
 Workload: decode at 1, 16, 64 and 256 concurrent sequences (256-token prompts, 128 new tokens each, greedy,
-EOS ignored; decode tok/s = sequences x 127 / (time for 128 tokens - time for 1), the same for both);
+EOS ignored; decode tok/s = sequences x 127 / (time for 128 tokens - time for 1), the same for both, each
+run on prompts of its own so that no prefix-cache hit shortens one);
 prefill (32 prompts of 1024 tokens, one new token each); TTFT (one 1024-token prompt on an idle engine,
 best of 3). The roofline: a decode step must read every weight but the embedding table and each
 sequence's K/V once, at the device-to-device copy bandwidth measured here (bytes read + written / s).
@@ -119,16 +120,16 @@ def measure(generate, device, cfg: dict, side: str) -> dict:
     for n in (2, 3):  # warm-up: kernels compile (both parities of the per-step array offsets), cuBLAS settles
         generate(prompts(n, 16 + n, 99), n)
     for c in cfg["concurrency"]:
-        batch = prompts(c, cfg["prompt"], c)
-        first = timed(lambda b=batch: generate(b, 1), device)
-        whole = timed(lambda b=batch: generate(b, cfg["new_tokens"]), device)
+        # Different prompts for the two runs: the second must not find the first's in the prefix cache.
+        first = timed(lambda c=c: generate(prompts(c, cfg["prompt"], c), 1), device)
+        whole = timed(lambda c=c: generate(prompts(c, cfg["prompt"], 1000 + c), cfg["new_tokens"]), device)
         out["decode_tok_s"][str(c)] = round(c * (cfg["new_tokens"] - 1) / max(whole - first, 1e-9), 1)
         progress(f"{side}: {c} sequences, {out['decode_tok_s'][str(c)]} decode tok/s")
     n, length = cfg["prefill"]
     batch = prompts(n, length, 7)
     out["prefill_tok_s"] = round(n * length / timed(lambda: generate(batch, 1), device), 1)
-    one = prompts(1, cfg["ttft_prompt"], 8)
-    out["ttft_s"] = round(min(timed(lambda: generate(one, 1), device) for _ in range(3)), 4)
+    out["ttft_s"] = round(min(timed(lambda i=i: generate(prompts(1, cfg["ttft_prompt"], 8 + i), 1), device)
+                              for i in range(3)), 4)  # a new prompt each time: no prefix-cache hit
     progress(f"{side}: prefill {out['prefill_tok_s']} tok/s, TTFT {out['ttft_s']} s")
     return out
 
