@@ -67,7 +67,10 @@ async def snapshot(gw: Gateway) -> dict[str, Any]:
 
     async def replica_gauges(urls: list[str]) -> dict[str, dict[str, float]]:
         got = await gw.scraper.refresh(urls, max_age=MIN_INTERVAL_S)
-        return {u: {"kv": g.kv_usage, "waiting": g.waiting, "running": g.running} for u, g in got.items()}
+        return {u: {"kv": g.kv_usage, "waiting": g.waiting, "running": g.running,
+                    **{k: v for k, v in (("busy", g.device_busy), ("memory", g.device_memory),
+                                         ("throttled", g.throttled)) if v is not None}}
+                for u, g in got.items()}
 
     await sampler.sample({m["model"]: [r["url"] for r in m["replicas"] if r["url"]] for m in models}, replica_gauges)
     gauges = sampler.last.replicas if sampler.last else {}
@@ -75,6 +78,7 @@ async def snapshot(gw: Gateway) -> dict[str, Any]:
         for r in m["replicas"]:
             g = gauges.get(r["url"] or "", {})
             r["kv_cache_usage"], r["waiting"], r["running"] = g.get("kv"), g.get("waiting"), g.get("running")
+            r["device_busy"], r["device_memory"], r["throttled"] = g.get("busy"), g.get("memory"), g.get("throttled")
     return {"now": time.time(), "poll_s": 2.0, "history_points": HISTORY, "models": models,
             "decisions": decisions(gw), **sampler.series()}
 

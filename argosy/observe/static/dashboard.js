@@ -16,6 +16,8 @@ function chartSeries(name, s) {
     case "ttft": return [...pick("ttft_p50_s", (m) => `${m} p50`), ...pick("ttft_p99_s", (m) => `${m} p99`)];
     case "itl": return [...pick("itl_p50_s", (m) => `${m} p50`), ...pick("itl_p99_s", (m) => `${m} p99`)];
     case "kv_cache_usage": return pick("kv_cache_usage", (u) => u.replace(/^https?:\/\//, ""), 100);
+    case "device_busy": return pick("device_busy", (u) => u.replace(/^https?:\/\//, ""), 100);
+    case "device_memory": return pick("device_memory", (u) => u.replace(/^https?:\/\//, ""), 100);
     case "replicas": return [...pick("replicas_desired", (m) => `${m} desired`),
                              ...pick("replicas_ready", (m) => `${m} ready`)];
     default: return pick(name);
@@ -62,11 +64,14 @@ function renderModels(models) {
       (m.panic ? "; <b>panic</b>" : "") + (m.unplaceable ? `; cannot place: ${esc(m.unplaceable)}` : "") + "</h2>";
     const rows = m.replicas.map((r) => "<tr>" + cell(esc(r.id)) + cell(esc(r.state) + (r.pooled ? " (pool)" : ""), "state-" + r.state) +
       cell(r.url ? esc(r.url) : null) + cell(r.in_flight, "num") + cell(r.running, "num") + cell(r.waiting, "num") +
-      cell(pct(r.kv_cache_usage), "num") + cell(r.age_s == null ? null : r.age_s.toFixed(0) + " s", "num") +
+      cell(pct(r.kv_cache_usage), "num") + cell(pct(r.device_busy), "num") + cell(pct(r.device_memory), "num") +
+      cell(r.throttled == null ? null : (r.throttled ? "<b>throttled</b>" : "no"), r.throttled ? "state-throttled" : "") +
+      cell(r.age_s == null ? null : r.age_s.toFixed(0) + " s", "num") +
       cell(r.cold_start_s == null ? null : r.cold_start_s.toFixed(1) + " s", "num") + "</tr>").join("");
     return head + "<table class=\"replicas\"><thead><tr><th>replica</th><th>state</th><th>url</th><th>in flight (gateway)</th>" +
-      "<th>running</th><th>waiting</th><th>KV cache</th><th>age</th><th>cold start</th></tr></thead><tbody>" +
-      (rows || '<tr><td colspan="9">no replicas</td></tr>') + "</tbody></table>";
+      "<th>running</th><th>waiting</th><th>KV cache</th><th>device busy</th><th>device memory</th><th>GPU throttled</th>" +
+      "<th>age</th><th>cold start</th></tr></thead><tbody>" +
+      (rows || '<tr><td colspan="12">no replicas</td></tr>') + "</tbody></table>";
   }).join("");
   document.getElementById("models").innerHTML = html;
 }
