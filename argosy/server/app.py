@@ -13,7 +13,6 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
-from starlette.types import ASGIApp
 
 from argosy.observe.engine_requests import EngineRequestContext
 from argosy.server.async_engine import AsyncEngine
