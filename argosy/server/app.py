@@ -13,6 +13,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
+from starlette.types import ASGIApp
 
 from argosy.observe.engine_requests import EngineRequestContext
 from argosy.server.async_engine import AsyncEngine
@@ -92,7 +93,7 @@ def build_app(
     revision: str | None = None,
     api_key: str | None = None,
     telemetry: Any = None,
-) -> KeepRawSend:
+) -> ASGIApp:
     """The server for one engine; `make_engine()` runs in the engine thread when the app starts.
     `tracing`: an argosy.observe.tracing.Tracing, or None (no traces). `telemetry`: a
     device_telemetry.DeviceTelemetry whose series /metrics adds, or None."""
