@@ -53,6 +53,8 @@ class AnalysisGate(_Section):
             good = "max or max_ratio" if lower else "min or min_ratio"
             raise ValueError(f"gate {self.metric}: {' and '.join(wrong)} does not apply (lower is "
                              f"{'better' if lower else 'worse'}: give {good})")
+        if self.metric == "shadow_agreement" and self.min_ratio is not None:
+            raise ValueError("gate shadow_agreement: the stable has no agreement to compare with: give min (0..1)")
         if all(getattr(self, k) is None for k in ("max_ratio", "min_ratio", "max", "min")):
             raise ValueError(f"gate {self.metric}: give a bound (max_ratio, max, min_ratio or min)")
         return self

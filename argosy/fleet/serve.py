@@ -58,12 +58,12 @@ def default_fleet(args: argparse.Namespace) -> FleetConfig:
 class ServeApp:
     """The gateway's ASGI app, with the controller started after it and stopped before it."""
 
-    def __init__(self, fleet: FleetConfig):
+    def __init__(self, fleet: FleetConfig, source: str | None = None):
         from argosy.fleet.controller import Controller
         from argosy.gateway.app import Gateway
 
         self.gateway = Gateway(fleet)
-        self.controller = Controller(fleet, self.gateway)
+        self.controller = Controller(fleet, self.gateway, source)  # source: the fleet file (rollouts reread it)
         self.gateway.attach_fleet(self.controller)  # GET /admin/fleet, the dashboard, /metrics/targets
 
     async def __call__(self, scope, receive, send) -> None:
@@ -96,9 +96,9 @@ def run_serve(args: argparse.Namespace) -> int:
         print(f"argosy serve: {e}", file=sys.stderr)
         return 2
     for m in managed(fleet):
-        if not (Path(m.checkpoint) / "config.json").is_file():
-            print(f"argosy serve: model {m.name!r}: no checkpoint at {m.checkpoint} (config.json missing)",
-                  file=sys.stderr)
+        ckpt = m.resolved()[m.stable_at_start()].checkpoint  # other revisions are checked when rolled out to
+        if not (Path(ckpt) / "config.json").is_file():
+            print(f"argosy serve: model {m.name!r}: no checkpoint at {ckpt} (config.json missing)", file=sys.stderr)
             return 2
     bound = bind(fleet, args, "argosy serve")
     if bound is None:
@@ -107,6 +107,6 @@ def run_serve(args: argparse.Namespace) -> int:
     models = ", ".join(f"{m.name} ({m.autoscaling.min_replicas}..{m.autoscaling.max_replicas} replicas)"
                        for m in managed(fleet))
     print(f"argosy serve: gateway listening on {url}; models: {models}", flush=True)
-    app = ServeApp(fleet)
+    app = ServeApp(fleet, args.config)
     app.gateway.local_admin_digest = local_admin.issue(url)  # `argosy keys` / `argosy status` on this machine
     return serve_on(app, fleet, sock)

@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry
 
 from argosy.config import FleetConfig
 from argosy.cost.prices import load_prices
-from argosy.gateway import admin, dashboard, endpoints
+from argosy.gateway import admin, dashboard, endpoints, rollout_api
 from argosy.gateway.accounting import account, key_class
 from argosy.gateway.admission import PRIORITY
 from argosy.gateway.asgi import Receive, Scope, Send, bearer, header, read_body, respond
@@ -69,6 +69,8 @@ class Gateway:
         self.models = {m.name: ModelRuntime(m, self.reg, self.index, self._on_insert, lambda: self.session)
                        for m in fleet.models}
         self.shadower = Shadower(lambda: self.session, self.m)
+        for rt in self.models.values():
+            rt.pairs = self.shadower.pairs  # shadow pairs: the rollout's agreement gate, the report
         self.m.watch(lambda: ((name, rt.admission_load()) for name, rt in self.models.items()),
                      lambda: self.reg.by_url.values())
         self.model_cards = ModelCards()  # /v1/models: the replicas' cards, cached
@@ -330,10 +332,15 @@ ROUTES: dict[tuple[str, str], Handler] = {
     ("GET", "/admin/keys"): admin.list_keys,
     ("POST", "/admin/keys"): admin.create_key,
     ("GET", "/admin/fleet"): admin.fleet_status,
+    ("GET", "/admin/rollouts"): rollout_api.list_rollouts,
+    ("GET", "/admin/shadow"): rollout_api.shadow_report,
 }
 PREFIX_ROUTES: list[tuple[str, str, Handler]] = [  # a path under a folder: the handler reads the rest
     ("DELETE", "/admin/keys/", admin.revoke_key),
     ("POST", "/admin/keys/", admin.rotate_key),
+    ("GET", "/admin/rollouts/", rollout_api.get_rollout),
+    ("POST", "/admin/rollouts/", rollout_api.command),
+    ("GET", "/admin/shadow/", rollout_api.shadow_report),
     ("GET", "/dashboard/", dashboard.static_file),
 ]
 

@@ -20,10 +20,11 @@ from argosy.gateway.admission import Admission, AdmissionLoad
 from argosy.gateway.guardrails import Guardrails
 from argosy.gateway.health import Upstream
 from argosy.gateway.prefix_index import PrefixIndex
-from argosy.gateway.revision_stats import RevisionStats
+from argosy.gateway.revision_stats import RevisionStats, WindowStats
 from argosy.gateway.router import Router
 from argosy.gateway.scraper import ReplicaGauges
 from argosy.gateway.shadow import ShadowTarget
+from argosy.gateway.shadow_pairs import PairStore
 
 
 class UpstreamRegistry:
@@ -90,6 +91,7 @@ class ModelRuntime:
         self.pins: SessionPins | None = None
         self.recording = False
         self.stats = RevisionStats()
+        self.pairs = PairStore()  # the gateway's Shadower shares its own (Gateway.__init__)
 
     def _router(self, revision: str, urls: list[str]) -> Router:
         r = Router(self.cfg.routing, self.cfg.length_classes, self.index, self.on_insert)
@@ -105,6 +107,9 @@ class ModelRuntime:
             return wanted, self.routers[wanted]
         if len(self.weights) == 1:
             rev = self.weights[0][0]
+            if len(self.routers) == 1 or self._live(rev):
+                return rev, self.routers[rev]
+            rev = next((r for r in self.routers if self._live(r)), rev)  # e.g. a rolling upgrade's new one
             return rev, self.routers[rev]
         rev = self.pins.get(session_key, self.weight_of) if self.pins is not None and session_key else None
         if rev is None:
@@ -169,17 +174,29 @@ class ModelRuntime:
         self.total_weight = sum(w for _, w in self.weights) or 1.0
         self.stable = stable
 
-    def set_rollout(self, candidate: str | None, shadow: ShadowTarget | None = None) -> None:
-        """A rollout begins (its candidate revision) or ends (None): pins, header selection, samples."""
-        self.rollout_shadow = shadow
+    def set_rollout(self, candidate: str | None, shadow_sample: float = 0.0,
+                    shadow_feeds_analysis: bool = False) -> None:
+        """A rollout begins (its candidate revision) or ends (None): session pins, the revision header,
+        request samples for the analysis, and a share of the stable's requests mirrored to the candidate."""
         if candidate is None:
-            self.selectable, self.pins, self.recording = frozenset(), None, False
+            self.selectable, self.pins, self.recording, self.rollout_shadow = frozenset(), None, False, None
             self.stats.clear()
             return
-        if self.cfg.rollout.revision_header:
-            self.selectable = frozenset({candidate, self.stable})
+        self.routers.get(candidate) or self._router(candidate, [])
+        self.selectable = frozenset({candidate, self.stable}) if self.cfg.rollout.revision_header else frozenset()
         self.pins = self.pins or SessionPins()
         self.recording = True
+        sh = self.cfg.rollout.shadow
+        self.rollout_shadow = None if shadow_sample <= 0 else ShadowTarget(
+            candidate, self.routers[candidate], shadow_sample, sh.max_in_flight, sh, shadow_feeds_analysis)
+
+    def window(self, t0: float, t1: float) -> dict[tuple[str, str], WindowStats]:
+        """Requests finished in [t0, t1) (monotonic), by (revision, live or shadow)."""
+        return self.stats.window(t0, t1)
+
+    def agreement(self, revision: str, t0: float, t1: float) -> tuple[float | None, int]:
+        """Identical share of greedy shadow pairs with this candidate in [t0, t1), and their count."""
+        return self.pairs.agreement(self.name, revision, t0, t1)
 
     def shadow_target(self, served: str) -> ShadowTarget | None:
         """Where to mirror a request that `served` answered: a rollout's candidate (only requests the
