@@ -133,6 +133,7 @@ class Proxy:
         if span is not None:
             set_http_status(span, resp.status)
         rid = [(b"x-request-id", call.request_id.encode())] if call.request_id else []
+        rid.append((b"x-argosy-revision", call.route.encode()))  # which revision answered (rollouts)
         try:
             if resp.status in RETRYABLE:
                 await resp.read()
