@@ -25,7 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.fleet_fixtures import ROOT, Serve, ready, tiny_fleet
 
 pytestmark = pytest.mark.timeout(180)
-SCHEME = re.compile(r"^(argosy_gateway_[a-z0-9_]+|argosy_fleet_[a-z0-9_]+|vllm:[a-z0-9_]+)$")
+SCHEME = re.compile(r"^(argosy_gateway_[a-z0-9_]+|argosy_fleet_[a-z0-9_]+|argosy_rollout_[a-z0-9_]+|vllm:[a-z0-9_]+)$")
 CHROMIUM = next((p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome")) if p), None)
 
 
@@ -98,7 +98,7 @@ def test_every_series_follows_the_scheme_and_is_documented(serve):
     series = {**scraped(httpx.get(serve.url + "/metrics", timeout=10).text),
               **scraped(httpx.get(replica_url + "/metrics", timeout=10).text)}
     for name, (kind, labels) in series.items():
-        assert SCHEME.match(name), f"{name}: not argosy_gateway_*, argosy_fleet_* or vllm:*"
+        assert SCHEME.match(name), f"{name}: not argosy_gateway_*, argosy_fleet_*, argosy_rollout_* or vllm:*"
         assert not name.endswith("_created"), name
         assert (kind == "counter") == name.endswith("_total"), f"{name}: counters and only counters end in _total"
         if kind == "histogram":
