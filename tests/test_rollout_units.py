@@ -180,6 +180,8 @@ def test_a_pair_is_reduced_to_numbers():
     rec = compare(with_lp, cand, "v2", greedy=True, prompt_tokens=5, now=1.0)
     assert rec.first_diff == 1 and rec.logprob_divergence == 0.4  # |-0.5 - -0.1| over the token both chose
     assert rec.length_ratio == 1.5
+    blind = compare(Output("a b"), Output("a c"), "v2", True, 5, 1.0)  # no tokens either side: only "different"
+    assert not blind.identical and blind.first_diff is None
     store = PairStore()
     for t, identical in ((1.0, True), (2.0, True), (3.0, False)):
         store.add("m", compare(same if identical else other, cand, "v2", True, 40, t))

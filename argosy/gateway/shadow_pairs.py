@@ -83,7 +83,7 @@ class PairRecord:
     greedy: bool  # temperature 0 (or top_k 1): identical outputs are expected from identical models
     prompt_bucket: str
     identical: bool
-    first_diff: int | None  # index of the first differing token; None when identical
+    first_diff: int | None  # index of the first differing token; None when identical (or no tokens are known)
     length_ratio: float | None  # candidate tokens / user tokens
     finish_user: str | None
     finish_candidate: str | None
@@ -118,7 +118,7 @@ def compare(user: Output, cand: Output, revision: str, greedy: bool, prompt_toke
         if n:
             div = round(sum(abs(max(a, LP_FLOOR) - max(b, LP_FLOOR))
                             for a, b in zip(user.logprobs[:n], cand.logprobs[:n], strict=True)) / n, 6)
-    return PairRecord(now, revision, greedy, bucket(prompt_tokens), diff is None, diff, ratio, user.finish,
+    return PairRecord(now, revision, greedy, bucket(prompt_tokens), user.text == cand.text, diff, ratio, user.finish,
                       cand.finish, div)
 
 

@@ -205,7 +205,8 @@ class ModelRuntime:
         if t is not None:
             return t if served == self.stable and t.revision != served else None
         if self.shadow is not None and self.shadow_router is not None:
-            return ShadowTarget(self.shadow.revision, self.shadow_router, self.shadow.sample, self.shadow.max_in_flight)
+            return ShadowTarget(self.shadow.revision, self.shadow_router, self.shadow.sample, self.shadow.max_in_flight,
+                                self.cfg.rollout.shadow)  # the judge, if the model's rollout names one
         return None
 
     # ------------------------------------------------------------------ what the fleet controller reads
