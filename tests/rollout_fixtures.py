@@ -49,7 +49,7 @@ class Load:
     by_revision: Counter = field(default_factory=Counter)
     first_revision: dict[int, str] = field(default_factory=dict)
     moved_sessions: int = 0  # a worker's session answered by another revision than its first, while both ran
-    ttfts: list[tuple[float, float, str]] = field(default_factory=list)  # (when, TTFT s, revision)
+    ttfts: list[tuple[float, float, str]] = field(default_factory=list)  # (when it ended, wall clock; TTFT s; revision)
 
     def __post_init__(self):
         self.stopping = threading.Event()
@@ -85,7 +85,7 @@ class Load:
                         continue
                     self.ok += 1
                     self.by_revision[rev] += 1
-                    self.ttfts.append((time.monotonic(), ttft or 0.0, rev))
+                    self.ttfts.append((time.time(), ttft or 0.0, rev))
                     self.first_revision.setdefault(i, rev)
             except Exception as e:  # every failure counts: an error status, a refused or cut connection
                 with self.lock:

@@ -195,9 +195,9 @@ def test_blue_green_switches_and_switches_back_and_identical_revisions_agree(tin
         load = Load(s.url, "tiny", workers=2, temperature=0.0).start()
         start(s, "v2", "blue-green")
         blue = [x["id"] for x in s.fleet()["replicas"] if x["revision"] == "v1"]
-        wait_rollout(s, "the switch", lambda st: st["rollout"]["phase"] == "switched", timeout=240)
-        before = dict(load.by_revision)
-        assert set(before) == {"v1"}, before  # until the switch the preview got shadow copies only
+        st = wait_rollout(s, "the switch", lambda st: st["rollout"]["phase"] == "switched", timeout=240)
+        before = {rev for t, _, rev in list(load.ttfts) if t < st["rollout"]["switched_at"]}
+        assert before == {"v1"}, before  # until the switch the preview got shadow copies only
         time.sleep(1.5)
         assert load.by_revision["v2"] > 0
         st = admin(s, "POST", "/admin/rollouts/tiny/abort", {"reason": "switch back test"})
@@ -218,6 +218,14 @@ def test_blue_green_switches_and_switches_back_and_identical_revisions_agree(tin
         assert any("shadow_agreement 1" in ln and '"verdict": "pass"' in ln for ln in events(s, "rollout_analysis"))
         for kind in ("rollout_preview_ready", "rollout_switched", "rollout_switched_back"):
             assert events(s, kind), f"no {kind} in the log"
+        d = httpx.get(s.url + "/dashboard/data", timeout=10).json()
+        assert d["rollouts"][0]["rollout"]["phase"] == "switched_back" and d["shadow"]["tiny"]["v2"]["pairs"]
+        assert {r["revision"] for r in d["models"][0]["replicas"]} <= {"v1", "v2"}
+        from tests.test_observe_fleet import CHROMIUM, chromium
+
+        if CHROMIUM is not None:  # the page renders them (test_observe_fleet renders the rest)
+            dom = chromium(s.url + "/dashboard", tmp_path, "--dump-dom")
+            assert "blue-green v1 → v2" in dom and ">switched_back<" in dom and ">100.0 %<" in dom
     finally:
         s.stop()
 
