@@ -1,15 +1,17 @@
 """A canary rollout under steady load through `argosy serve`: what users notice of it.
 
-Closed-loop clients stream completions the whole time: `--before` seconds on the stable revision, then
-`argosy rollout start` of a canary (steps 10% and 50%, analysis every `--interval` seconds on the
-error-rate and TTFT-p95 gates), until it is promoted and the old revision drained, then `--after`
-seconds on the new stable. Reports requests served and failed (each request counts: an error status, a
-refused connection, a stream without its finish), TTFT p50/p99 before, during and after, the ratio of
-the during/after p99 to the before p99 (the rollout's cost to users, measured in the same run), and the
-time from `rollout start` to the promotion. `--slow` makes the candidate honestly slower (one sequence
-at a time) and reports instead the time until the TTFT gate rolled it back.
+Closed-loop clients stream completions the whole time: `--warmup` seconds (not counted), `--before`
+seconds on the stable revision, then `argosy rollout start` of a canary (steps 10% and 50%, analysis
+every `--interval` seconds on the error-rate and TTFT-p95 gates), until it is promoted and the old
+revision drained, then `--after` seconds on the new stable. Reports requests served and failed (each
+request counts: an error status, a refused connection, a stream without its finish), TTFT p50/p99
+before, during and after, the ratio of the during/after p99 to the before p99 (the rollout's cost to
+users, measured in the same run), and the time from `rollout start` to the promotion. `--slow` makes
+the candidate honestly slower (one sequence at a time) and reports instead the time until the TTFT
+gate rolled it back.
 
-    python bench/rollout.py [--model CKPT] [--clients 4] [--before 20] [--after 20] [--interval 10] [--slow]
+    python bench/rollout.py [--model CKPT] [--clients 4] [--warmup 5] [--before 20] [--after 20] [--interval 10]
+                            [--slow]
 Without --model it uses the built-in model for both revisions (v2: another engine setting). Progress
 is printed every second; `argosy serve` and its replicas run at a lower CPU priority (--server-nice) so
 the clients are not starved.
@@ -70,7 +72,7 @@ async def client(c: httpx.AsyncClient, url: str, phase: list[str], stop: asyncio
 
 async def run(url: str, args: argparse.Namespace) -> dict:
     out: list[dict] = []
-    phase, stop = ["before"], asyncio.Event()
+    phase, stop = ["warmup"], asyncio.Event()
     async with httpx.AsyncClient(timeout=600, limits=httpx.Limits(max_connections=100)) as c:
         tasks = [asyncio.create_task(client(c, url, phase, stop, out, i, args.max_tokens)) for i in range(args.clients)]
 
@@ -84,6 +86,11 @@ async def run(url: str, args: argparse.Namespace) -> dict:
             return st
 
         t0 = time.monotonic()
+        while time.monotonic() - t0 < args.warmup:  # the replica's first requests (caches, first calls): not counted
+            await asyncio.sleep(1)
+            await report(f"warm-up {time.monotonic() - t0:5.1f}/{args.warmup:g} s")
+        phase[0] = "before"
+        t0 = time.monotonic()
         while time.monotonic() - t0 < args.before:
             await asyncio.sleep(1)
             await report(f"before {time.monotonic() - t0:5.1f}/{args.before:g} s")
@@ -91,9 +98,14 @@ async def run(url: str, args: argparse.Namespace) -> dict:
         started = time.monotonic()
         r = await c.post(url + "/admin/rollouts/m/start", json={"to": "v2", "strategy": "canary"})
         assert r.status_code == 200, r.text
+        marks: dict[str, float] = {}  # seconds from `rollout start` (polled each second)
         while True:
             await asyncio.sleep(1)
             st = await report(f"during {time.monotonic() - started:6.1f} s")
+            if st["stable"] == "v2":
+                marks.setdefault("promoted", round(time.monotonic() - started, 1))
+            elif st["rollout"]["reason"]:
+                marks.setdefault("rolled_back", round(time.monotonic() - started, 1))
             if st["rollout"]["phase"] in DONE:
                 break
             assert time.monotonic() - started < args.timeout, "the rollout did not end in time"
@@ -107,8 +119,10 @@ async def run(url: str, args: argparse.Namespace) -> dict:
         await asyncio.gather(*tasks)
     ro = st["rollout"]
     res = {"outcome": ro["phase"], "reason": ro["reason"], "analyses": ro["analyses"],
+           "start_to_promotion_s": marks.get("promoted"), "start_to_rollback_s": marks.get("rolled_back"),
            "rollout_start_to_end_s": round(ended - started, 1),
            "requests_served": sum(1 for o in out if o["ok"]), "requests_failed": sum(1 for o in out if not o["ok"]),
+           "warmup_requests": sum(1 for o in out if o["phase"] == "warmup"),
            "failures": [o["error"] for o in out if not o["ok"]][:5]}
     for name in ("before", "during", "after"):
         rs = [o for o in out if o["phase"] == name]
@@ -147,6 +161,7 @@ def main() -> int:
     ap.add_argument("--model", help="checkpoint folder (default: the built-in model)")
     ap.add_argument("--clients", type=int, default=4, help="concurrent streaming clients")
     ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--warmup", type=float, default=5, help="seconds of load first, not counted in the phases")
     ap.add_argument("--before", type=float, default=20, help="seconds of load before the rollout")
     ap.add_argument("--after", type=float, default=20, help="seconds of load after it ended")
     ap.add_argument("--interval", type=float, default=10, help="analysis interval (s); each step pauses 2 of them")
