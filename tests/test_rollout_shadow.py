@@ -51,3 +51,33 @@ def test_a_judge_scores_shadow_pairs_and_the_report_keeps_no_text():
             gw.stop()
         for p in (main, shadow, judge):
             p.stop()
+
+
+def test_rollout_and_shadow_endpoints_follow_the_admin_key_rules():
+    from argosy.gateway.keys import new_key
+
+    up = start_upstream("u")
+    user_key, user_hash = new_key()
+    admin_key, admin_hash = new_key()
+    gw = None
+    try:
+        gw = start_gateway({"keys": [{"name": "user", "hash": user_hash}], "admin_key_hash": admin_hash,
+                            "models": [{"name": "m", "upstreams": [up.url]}]})
+        for method, path in (("GET", "/admin/rollouts"), ("GET", "/admin/rollouts/m"),
+                             ("POST", "/admin/rollouts/m/start"), ("POST", "/admin/rollouts/m/abort"),
+                             ("GET", "/admin/shadow"), ("GET", "/admin/shadow/m")):
+            for key in (None, user_key):  # no key, or a user's key: refused before anything is read
+                headers = {"authorization": f"Bearer {key}"} if key else {}
+                r = httpx.request(method, gw.url + path, json={"to": "v2"}, headers=headers, timeout=10)
+                assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_admin_key", (method, path)
+        adm = {"authorization": f"Bearer {admin_key}"}
+        r = httpx.get(gw.url + "/admin/rollouts", headers=adm, timeout=10)
+        assert r.status_code == 404 and "argosy serve" in r.json()["error"]["message"]  # a gateway alone
+        assert httpx.get(gw.url + "/admin/shadow", headers=adm, timeout=10).json() == {"models": {}}
+        assert httpx.get(gw.url + "/admin/shadow/nope", headers=adm, timeout=10).status_code == 404
+        r = httpx.put(gw.url + "/admin/rollouts/m/start", headers=adm, timeout=10)
+        assert r.status_code == 405
+    finally:
+        if gw:
+            gw.stop()
+        up.stop()

@@ -54,8 +54,16 @@ def test_a_healthy_canary_is_promoted_through_its_steps_and_the_old_revision_dra
     s = started(Serve(fleet))
     try:
         load = Load(s.url, "tiny", workers=2).start()
-        time.sleep(1)
+        for path, body, status in (("/admin/rollouts/tiny/promote", {}, 409), ("/admin/rollouts/tiny/start",
+                                   {"to": "v9"}, 400), ("/admin/rollouts/tiny/start", {"to": "v1"}, 409),
+                                   ("/admin/rollouts/tiny/start", {"to": "v2", "strategy": "yolo"}, 400),
+                                   ("/admin/rollouts/tiny/start", {}, 400), ("/admin/rollouts/nope/start",
+                                   {"to": "v2"}, 404), ("/admin/rollouts/tiny/jump", {}, 404)):
+            r = httpx.post(s.url + path, json=body, timeout=30)  # a clear OpenAI-format error, nothing changes
+            assert r.status_code == status and r.json()["error"]["message"], (path, body, r.status_code, r.text)
         start(s, "v2")
+        r = httpx.post(s.url + "/admin/rollouts/tiny/start", json={"to": "v2"}, timeout=30)
+        assert r.status_code == 409 and "in progress" in r.json()["error"]["message"]
         st = wait_rollout(s, "the canary to be promoted", done, timeout=240)
         time.sleep(1)
         load.stop()
