@@ -255,7 +255,7 @@ def test_a_restart_mid_rollout_resumes_where_it_was(tiny_llama, tmp_path):
         st = wait_rollout(s, "the rollout to resume", lambda st: st["rollout"]["phase"] == "progressing"
                           and len(ready(s.fleet())) == 2, timeout=240)
         assert st["split"] == {"v1": 50.0, "v2": 50.0} and st["rollout"]["step"] == 0
-        assert events(s, "rollout_resumed")
+        assert events(s, "rollout_restored")
         load = Load(s.url, "tiny", workers=2).start()
         time.sleep(1.5)
         admin(s, "POST", "/admin/rollouts/tiny/promote")

@@ -76,7 +76,7 @@ class RolloutManager:
         live = {k: v for k, v in st.split.items() if k in self.mc.revisions and (r and not r.done or k == st.stable)}
         self.apply_split(live or {st.stable: 100.0})
         if r is not None and not r.done:
-            self.event("resumed", phase=r.phase, step=r.step, weight=r.weight)
+            self.event("restored", phase=r.phase, step=r.step, weight=r.weight)  # after a restart
             self._start_driver()
         await self.save()
 
