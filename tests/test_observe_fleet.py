@@ -25,8 +25,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.fleet_fixtures import ROOT, Serve, ready, tiny_fleet
 
 pytestmark = pytest.mark.timeout(180)
-SCHEME = re.compile(r"^(argosy_gateway_[a-z0-9_]+|argosy_fleet_[a-z0-9_]+|vllm:[a-z0-9_]+|argosy_(gpu|host)_[a-z0-9_]+"
-                    r"|DCGM_FI_DEV_[A-Z0-9_]+)$")
+SCHEME = re.compile(r"^(argosy_gateway_[a-z0-9_]+|argosy_fleet_[a-z0-9_]+|argosy_rollout_[a-z0-9_]+|vllm:[a-z0-9_]+"
+                    r"|argosy_(gpu|host)_[a-z0-9_]+|DCGM_FI_DEV_[A-Z0-9_]+)$")
 CHROMIUM = next((p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome")) if p), None)
 
 
@@ -99,7 +99,8 @@ def test_every_series_follows_the_scheme_and_is_documented(serve):
     series = {**scraped(httpx.get(serve.url + "/metrics", timeout=10).text),
               **scraped(httpx.get(replica_url + "/metrics", timeout=10).text)}
     for name, (kind, labels) in series.items():
-        assert SCHEME.match(name), f"{name}: not argosy_gateway_*, argosy_fleet_*, vllm:* or a device's series"
+        assert SCHEME.match(name), (f"{name}: not argosy_gateway_*, argosy_fleet_*, argosy_rollout_*, vllm:* or a "
+                                    "device's series")
         assert not name.endswith("_created"), name
         if not name.startswith("DCGM_"):  # dcgm-exporter's own names are kept as they are
             assert (kind == "counter") == name.endswith("_total"), f"{name}: counters and only counters end in _total"
