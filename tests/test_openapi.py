@@ -35,8 +35,8 @@ def call_each(url: str, doc: dict, model: str, headers=lambda path: {}) -> dict[
     """Every documented (method, path), called with a plain valid request: path -> status."""
     seen = {}
     for path, ops in doc["paths"].items():
-        concrete = path.replace("{model}", model).replace("{name}", "fuzz-doc").replace("{file}", "dashboard.js").replace(
-            "{action}", "pause")
+        concrete = path.replace("{model}", model).replace("{name}", "fuzz-doc").replace("{file}", "dashboard.js")
+        concrete = concrete.replace("{action}", "pause")
         if path == "/admin/keys/{name}/rotate":
             concrete = "/admin/keys/u/rotate"  # the user key: it gets a new secret
         for method in ("get", "post", "delete", "head"):
