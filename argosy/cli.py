@@ -115,6 +115,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from argosy.bench.cli import add_bench_arguments, run_bench
     from argosy.cost.cli import add_cost_arguments, run_cost
+    from argosy.fleet.rollout.cli import add_rollout_arguments, run_rollout
     from argosy.fleet.scheduler_extender import add_extender_arguments, run_extender
     from argosy.fleet.serve import add_serve_arguments, run_serve
     from argosy.fleet.status import add_config_arguments, add_status_arguments, run_config, run_status
@@ -137,6 +138,8 @@ def main(argv: list[str] | None = None) -> int:
          "fleet.yaml) on 127.0.0.1:8000", add_serve_arguments, run_serve),
         ("status", "a running `argosy serve`: models, replicas, load, autoscaler decisions",
          add_status_arguments, run_status),
+        ("rollout", "change a model's revision while it serves: canary, blue-green, rolling; shadow agreement",
+         add_rollout_arguments, run_rollout),
         ("config", "fleet files: `argosy config check fleet.yaml`", add_config_arguments, run_config),
         ("gateway", "the gateway: routing, admission control, keys, limits, guardrails",
          add_gateway_arguments, run_gateway),

@@ -7,6 +7,7 @@ are errors that name the field, so a typo never silently falls back to a default
 from __future__ import annotations
 
 import datetime
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -22,6 +23,7 @@ from pydantic import (
     model_validator,
 )
 
+from argosy.config_rollout import RolloutConfig  # models[].rollout: a leaf module (docs/rollouts.md)
 from argosy.engine.config import EngineConfig
 from argosy.engine.settings import settings_of
 
@@ -238,13 +240,23 @@ class ShadowConfig(_Strict):
 ENCODER_TOKENS_TARGET = 4096  # metric tokens: tokens in flight per replica (about one CPU batch)
 
 
+class RevisionConfig(_Strict):
+    """One revision of a managed model: what its replicas run. Fields left out are the model's."""
+    name: str = Field(min_length=1)
+    checkpoint: str | None = None
+    engine: EngineSection | None = None  # the fields given replace the model's engine fields
+    autoscaling: AutoscalingConfig | None = None  # the fields given replace the model's (scaled per revision)
+
+
 class ModelConfig(_Strict):
     name: str
     # generate: chat and completions; embed: embeddings (and rerank by embedding similarity);
     # rerank: a cross-encoder. The gateway refuses an endpoint the kind does not serve (docs/components.md).
     kind: Literal["generate", "embed", "rerank"] = "generate"
     checkpoint: str | None = None
-    revision: str = "v1"
+    revision: str = "v1"  # the stable revision at first start (with `revisions`: default the first listed)
+    revisions: list[RevisionConfig] = []  # none: the model is one revision (`revision`, with the model's fields)
+    rollout: RolloutConfig = RolloutConfig()  # docs/rollouts.md
     provider: str = "local"
     resources: dict[str, float] = {}  # custom resources each replica needs (ray: requested by its actor)
     engine: EngineSection = EngineSection()
@@ -305,9 +317,61 @@ class ModelConfig(_Strict):
                 raise ValueError("length_classes must be in increasing max_prompt_tokens order")
         return v
 
+    @model_validator(mode="after")
+    def _revisions(self) -> ModelConfig:
+        if not self.revisions:
+            return self
+        names = [r.name for r in self.revisions]
+        if len(names) != len(set(names)):
+            raise ValueError(f"revisions: names must be unique (got {names})")
+        if self.traffic is not None or self.upstreams is not None:
+            raise ValueError("revisions are for models Argosy runs: a model with revisions has no traffic or "
+                             "upstreams (its split is the rollout state's)")
+        if "revision" in self.model_fields_set and self.revision not in names:
+            raise ValueError(f"revision {self.revision!r} is not one of revisions ({', '.join(names)})")
+        for r in self.revisions:
+            if (r.checkpoint or self.checkpoint) is None:
+                raise ValueError(f"revisions: {r.name!r} has no checkpoint (and the model has none)")
+        self.resolved()  # a revision's autoscaling fields merged over the model's must still be valid
+        return self
+
+    def stable_at_start(self) -> str:
+        """The stable revision when no rollout state says otherwise."""
+        if self.revisions and "revision" not in self.model_fields_set:
+            return self.revisions[0].name
+        return self.revision
+
+    def resolved(self) -> dict[str, ResolvedRevision]:
+        """Every revision with its checkpoint, engine and autoscaling filled in from the model's."""
+        if not self.revisions:
+            return {self.revision: ResolvedRevision(self.revision, self.checkpoint, self.engine, self.autoscaling)}
+        out = {}
+        for r in self.revisions:
+            engine = self.engine if r.engine is None else self.engine.model_copy(
+                update={k: getattr(r.engine, k) for k in r.engine.model_fields_set})
+            auto = self.autoscaling
+            if r.autoscaling is not None:
+                given = {k: getattr(r.autoscaling, k) for k in r.autoscaling.model_fields_set}
+                try:
+                    auto = AutoscalingConfig.model_validate({**self.autoscaling.model_dump(), **given})
+                except ValidationError as e:
+                    raise ValueError(f"revisions: {r.name!r}: autoscaling: {e.errors()[0]['msg']}") from None
+            out[r.name] = ResolvedRevision(r.name, r.checkpoint or self.checkpoint, engine, auto)
+        return out
+
+
+@dataclass(frozen=True)
+class ResolvedRevision:
+    """A revision as the controller runs it (ModelConfig.resolved)."""
+    name: str
+    checkpoint: str | None
+    engine: EngineSection
+    autoscaling: AutoscalingConfig
+
 
 class FleetConfig(_Strict):
     gateway: GatewayConfig = GatewayConfig()
+    state_file: str | None = None  # rollout state without redis_url (default: per fleet file, under ~/.local/state)
     keys: list[KeyConfig] = []
     admin_key_hash: str | None = None
     providers: dict[str, dict[str, Any]] = {"local": {}}

@@ -33,3 +33,8 @@ def tool_model_server(tmp_path_factory):
     model = make_tool_model(tmp_path_factory.mktemp("tool-model"))
     with ServerProcess(model, "--max-model-len", "1024", "--revision", "r7") as server:
         yield server
+
+
+# Triton's interpreter is chosen for the whole process when triton is imported: the tests that need it run
+# in a process of their own (tests/test_triton.py), never in this session.
+collect_ignore = [] if os.environ.get("TRITON_INTERPRET") == "1" else ["triton_interp"]

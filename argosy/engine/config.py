@@ -66,6 +66,14 @@ class EngineConfig:
     # GGUF file's quantized tensors stay as they are without it.
     quantization: str | None = setting(None, "CPU: quantize a float checkpoint's linear layers at load (q8_0 or "
                                              "q4_0); a GGUF file keeps its own", choices=("q8_0", "q4_0"))
+    # The attention kernels (engine/attention/): None picks the best registered one for the device and dtype
+    # (triton on CUDA where triton is installed, cpu_kernel on the CPU in float32, else sdpa).
+    attention_backend: str | None = setting(
+        None, "attention kernels: triton, cpu_kernel or sdpa (default: the best for the device and dtype)",
+        pattern=(r"[a-z0-9_]+", "a backend's name (triton, cpu_kernel, sdpa)"))
+    # CUDA graphs (engine/cuda_graphs.py): decode steps replayed from graphs captured at start, one per
+    # batch-size bucket up to max_num_seqs (at most 256); mixed and prefill steps run eagerly.
+    enforce_eager: bool = setting(False, "CUDA: no CUDA graphs (decode steps launch their kernels one by one)")
 
     def __post_init__(self) -> None:
         if isinstance(self.model, os.PathLike):

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from argosy.fleet.replica import Replica
     from argosy.gateway.admission import AdmissionLoad
     from argosy.gateway.fleet_view import FleetView
+    from argosy.gateway.revision_stats import WindowStats
     from argosy.gateway.scraper import ReplicaScraper
     from argosy.gateway.upstream_auth import UpstreamAuth
 
@@ -45,6 +46,19 @@ class ModelRoutes(Protocol):
 
     def set_activator(self, hook: Callable[[], Awaitable[None]] | None) -> None:
         """`await hook()` runs for each admitted request before it is routed (scale from zero)."""
+
+    def set_split(self, split: dict[str, float], stable: str) -> None:
+        """Percent of requests per revision; `stable` is where a revision with no upstream left falls back."""
+
+    def set_rollout(self, candidate: str | None, shadow_sample: float = 0.0,
+                    shadow_feeds_analysis: bool = False) -> None:
+        """A rollout of `candidate` begins (session pins, header selection, samples, its shadow) or ends (None)."""
+
+    def window(self, t0: float, t1: float) -> dict[tuple[str, str], WindowStats]:
+        """The requests that finished in [t0, t1) (monotonic), by (revision, "live" or "shadow")."""
+
+    def agreement(self, revision: str, t0: float, t1: float) -> tuple[float | None, int]:
+        """Identical share of greedy shadow pairs with this candidate in [t0, t1), and their count."""
 
 
 class GatewayPort(Protocol):

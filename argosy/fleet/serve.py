@@ -80,12 +80,12 @@ def checkpoint_problem(checkpoint: str) -> str | None:
 class ServeApp:
     """The gateway's ASGI app, with the controller started after it and stopped before it."""
 
-    def __init__(self, fleet: FleetConfig):
+    def __init__(self, fleet: FleetConfig, source: str | None = None):
         from argosy.fleet.controller import Controller
         from argosy.gateway.app import Gateway
 
         self.gateway = Gateway(fleet)
-        self.controller = Controller(fleet, self.gateway)
+        self.controller = Controller(fleet, self.gateway, source)  # source: the fleet file (rollouts reread it)
         self.gateway.attach_fleet(self.controller)  # GET /admin/fleet, the dashboard, /metrics/targets
 
     async def __call__(self, scope, receive, send) -> None:
@@ -120,7 +120,7 @@ def run_serve(args: argparse.Namespace) -> int:
     from argosy.fleet.components import kind_mismatch
 
     for m in managed(fleet):
-        problem = checkpoint_problem(m.checkpoint)
+        problem = checkpoint_problem(m.resolved()[m.stable_at_start()].checkpoint)  # others: when rolled out to
         if problem:
             print(f"argosy serve: model {m.name!r}: {problem}", file=sys.stderr)
             return 2
@@ -135,6 +135,6 @@ def run_serve(args: argparse.Namespace) -> int:
     models = ", ".join(f"{m.name} ({m.autoscaling.min_replicas}..{m.autoscaling.max_replicas} replicas)"
                        for m in managed(fleet))
     print(f"argosy serve: gateway listening on {url}; models: {models}", flush=True)
-    app = ServeApp(fleet)
+    app = ServeApp(fleet, args.config)
     app.gateway.local_admin_digest = local_admin.issue(url)  # `argosy keys` / `argosy status` on this machine
     return serve_on(app, fleet, sock)

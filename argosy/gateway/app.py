@@ -3,7 +3,7 @@
 
 A plain ASGI callable rather than a framework router: the per-request path is the product here.
 Per request: authenticate, read and check the body, input guardrails, per-key limits, admission,
-route, forward, account (Gateway.handle).
+wait for a replica, route, forward, account (Gateway.handle).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry
 
 from argosy.config import FleetConfig
 from argosy.cost.prices import load_prices
-from argosy.gateway import admin, dashboard, endpoints
+from argosy.gateway import admin, dashboard, endpoints, rollout_api
 from argosy.gateway.accounting import account, key_class
 from argosy.gateway.admission import PRIORITY
 from argosy.gateway.asgi import Receive, Scope, Send, header, respond
@@ -44,9 +44,11 @@ from argosy.gateway.model_cards import ModelCards
 from argosy.gateway.prefix_index import PrefixIndex
 from argosy.gateway.proxy import Call, Proxy
 from argosy.gateway.ratelimit import MemoryLimiter, RedisLimiter
+from argosy.gateway.revision_stats import LIVE, RequestSample, output_tokens
 from argosy.gateway.router import RouteRequest
 from argosy.gateway.scraper import ReplicaScraper
-from argosy.gateway.traffic import ModelRuntime, Shadower, UpstreamRegistry
+from argosy.gateway.shadow import Shadower
+from argosy.gateway.traffic import ModelRuntime, UpstreamRegistry
 from argosy.gateway.upstream_auth import UpstreamAuth
 from argosy.gateway.upstream_client import UpstreamClient
 from argosy.observe.gateway_requests import GatewayRequest, serve_request
@@ -81,6 +83,8 @@ class Gateway:
                        for m in fleet.models}
         self.kinds = {m.name: m.kind for m in fleet.models}  # generate, embed, rerank (components.py)
         self.shadower = Shadower(lambda: self.session, self.m)
+        for rt in self.models.values():
+            rt.pairs = self.shadower.pairs  # shadow pairs: the rollout's agreement gate, the report
         self.m.watch(lambda: ((name, rt.admission_load()) for name, rt in self.models.items()),
                      lambda: self.reg.by_url.values())
         self.model_cards = ModelCards()  # /v1/models: the replicas' cards, cached
@@ -202,6 +206,7 @@ class Gateway:
         self.log_request(rt, req)
         await self.take_limits(key, rt, req)
         async with self.admitted(rt, key, scope, rq, req):
+            await self.wait_for_replica(rt, key)
             call = rq.call = self.route(rt, req, key, scope, rq, t0)
             await self.forward(rt, call, key, req, receive, send)
         self.log_response(rt, call)
@@ -285,27 +290,40 @@ class Gateway:
             rt.admission.release()
             rt.tokens_in_flight -= req.estimate
 
+    async def wait_for_replica(self, rt: ModelRuntime, key: KeyRecord | None) -> None:
+        """Held (bounded) while the model has no live replica but the controller is starting one: scale from
+        zero, or a one-replica model's rolling upgrade. Before routing, so the request goes where one is."""
+        if rt.activator is None:
+            return
+        try:
+            await rt.activator()
+        except GatewayError as e:
+            self.m.rejections.labels(rt.name, e.code, key_class(key)).inc()
+            raise
+
     def route(self, rt: ModelRuntime, req: ProxiedRequest, key: KeyRecord | None, scope: Scope,
               rq: GatewayRequest, t0: float) -> Call:
-        """The revision (traffic split, sticky per session) and everything the proxy needs for the call."""
+        """The revision (traffic split, sticky per session; a rollout's candidate when the request names it)
+        and everything the proxy needs for the call."""
         sess = header(scope, rt.cfg.routing.session_header.lower().encode())
         sess_key = sess.decode(errors="replace") if sess else req.user
-        revision, router = rt.pick(sess_key)
+        wanted = header(scope, rt.cfg.rollout.revision_header.lower().encode()) if rt.selectable else None
+        revision, router = rt.pick(sess_key, wanted.decode(errors="replace") if wanted else None)
         rreq = RouteRequest(req.text, req.prompt_tokens, sess_key)
-        shadow_out = self.shadower.maybe_start(rt, req.path, req.fields, rreq)
+        shadow_out = self.shadower.maybe_start(rt, req.path, req.fields, rreq, revision)
         billed = key is not None and (key.tpm or req.path in ENCODER_PATHS)  # encoders: exact usage per key
-        keep = shadow_out is not None or bool(billed) and not req.stream or rt.cfg.debug
+        keep = (shadow_out is not None or bool(billed) and not req.stream or rt.cfg.debug
+                or rt.recording and not req.stream)  # a rollout's samples count the answer's tokens
         return Call(rt.name, revision, req.path, req.body, req.stream, rreq, req.estimate, router, t0,
                     rt.output_guard, keep_output=keep, trace=rq.trace, headers=rq.upstream_headers,
-                    request_id=rq.request_id, shadow_out=shadow_out)
+                    request_id=rq.request_id, shadow_out=shadow_out, fallback=rt.fallback_for(revision),
+                    gaps=[] if rt.recording and req.stream else None)
 
     async def forward(self, rt: ModelRuntime, call: Call, key: KeyRecord | None, req: ProxiedRequest,
                       receive: Receive, send: Send) -> None:
-        """Hold the request while a model scaled to zero starts a replica, then proxy it; record the outcome."""
+        """Proxy the request; record the outcome (and, during a rollout, its sample for the analysis)."""
         disconnected = asyncio.ensure_future(receive()) if call.stream else None
         try:
-            if rt.activator is not None:
-                await rt.activator()  # scaled to zero: held (bounded) while the controller starts a replica
             await self.proxy.forward(call, send, disconnected)
         except GatewayError as e:
             self.m.rejections.labels(rt.name, e.code, key_class(key)).inc()
@@ -318,6 +336,10 @@ class Gateway:
             self.m.e2e.labels(rt.name, call.route, call.upstream).observe(time.monotonic() - call.t0)
             if call.shadow_out is not None and not call.shadow_out.done():
                 call.shadow_out.set_result((call.output, call.stream))
+            if rt.recording and not 400 <= call.status < 500:
+                rt.stats.add(RequestSample(time.monotonic(), call.route, LIVE, call.status != 200,
+                                           time.monotonic() - call.t0, call.ttft, call.gaps,
+                                           output_tokens(call.stream, call.completion_events, call.output)))
             await account(self.limiter, key, call, req, self.prices, rt.cfg.kind if req.path in ENCODER_PATHS else None)
 
     def log_response(self, rt: ModelRuntime, call: Call) -> None:
@@ -343,10 +365,15 @@ ROUTES: dict[tuple[str, str], Handler] = {
     ("GET", "/admin/keys"): admin.list_keys,
     ("POST", "/admin/keys"): admin.create_key,
     ("GET", "/admin/fleet"): admin.fleet_status,
+    ("GET", "/admin/rollouts"): rollout_api.list_rollouts,
+    ("GET", "/admin/shadow"): rollout_api.shadow_report,
 }
 PREFIX_ROUTES: list[tuple[str, str, Handler]] = [  # a path under a folder: the handler reads the rest
     ("DELETE", "/admin/keys/", admin.revoke_key),
     ("POST", "/admin/keys/", admin.rotate_key),
+    ("GET", "/admin/rollouts/", rollout_api.get_rollout),
+    ("POST", "/admin/rollouts/", rollout_api.command),
+    ("GET", "/admin/shadow/", rollout_api.shadow_report),
     ("GET", "/dashboard/", dashboard.static_file),
 ]
 

@@ -15,3 +15,10 @@ class FleetView(Protocol):
 
     def targets(self) -> list[dict]:
         """Replicas that listen: {url, model, replica, state, pooled}."""
+
+    def rollout_status(self, model: str | None = None) -> list[dict]:
+        """Each managed model's stable revision, split and rollout (GET /admin/rollouts, the dashboard)."""
+
+    async def rollout_command(self, model: str, verb: str, body: dict) -> dict:
+        """start {to, strategy}, promote {full}, pause, resume, abort {reason}: the model's rollout status
+        after it; a GatewayError (400, 404, 409) when it cannot be done."""

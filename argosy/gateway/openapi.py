@@ -20,6 +20,8 @@ PROXIED_ERRORS = {
     "429": error("over the key's rate limit, or too many failed authentications (Retry-After)"),
     "503": error("at capacity, no live upstream, or an upstream failed before its first byte (Retry-After)"),
     "504": error("the upstream did not answer within gateway.first_byte_timeout_s (Retry-After)")}
+ENCODER_ERRORS = {"424": error("the model's kind does not serve this endpoint (TEI's status for the wrong kind "
+                               "of model), or no model in the fleet serves it")}
 HEADERS = [
     {"name": "x-priority", "in": "header", "required": False, "schema": {"enum": ["batch"]},
      "description": "lower this request's priority (a key's priority is never raised)"},
@@ -39,8 +41,9 @@ def model_field(models: list[str]) -> dict[str, Any]:
     return {"enum": models} if models else {"type": "string", "minLength": 1}
 
 
-def proxied(summary: str, schema: dict[str, Any]) -> dict[str, Any]:
+def proxied(summary: str, schema: dict[str, Any], extra_errors: dict | None = None) -> dict[str, Any]:
     return {"post": {"summary": summary, "parameters": HEADERS, "requestBody": json_body(schema), "responses": {
+        **(extra_errors or {}),
         "200": {"description": "the upstream's answer; with `stream`, SSE chunks ending in `data: [DONE]` (an "
                                "upstream failure after the first byte ends it with an error event, then [DONE])",
                 "content": {"application/json": {"schema": {"type": "object"}},
@@ -79,6 +82,20 @@ def document(models: list[str] | None = None, max_model_len: int = 1 << 20) -> d
         "input": {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}, "minItems": 1},
                             {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}]},
         "encoding_format": {"enum": ["float", "base64"]}, "user": {"type": "string"}}}
+    texts = {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}, "minItems": 1}]}
+    tei_embed = {"type": "object", "required": ["inputs"], "properties": {
+        "model": model_field(models), "inputs": texts, "normalize": {"type": "boolean"},
+        "truncate": {"type": "boolean"}}}
+    document_item = {"anyOf": [{"type": "string"}, {"type": "object", "required": ["text"],
+                                                    "properties": {"text": {"type": "string"}}}]}
+    rerank = {"type": "object", "required": ["model", "query", "documents"], "properties": {
+        "model": model_field(models), "query": {"type": "string"},
+        "documents": {"type": "array", "items": document_item, "minItems": 1},
+        "top_n": {"type": "integer", "minimum": 1}, "return_documents": {"type": "boolean"}}}
+    tei_rerank = {"type": "object", "required": ["query", "texts"], "properties": {
+        "model": model_field(models), "query": {"type": "string"},
+        "texts": {"type": "array", "items": {"type": "string"}, "minItems": 1},
+        "return_text": {"type": "boolean"}, "raw_scores": {"type": "boolean"}}}
     name = [{"name": "name", "in": "path", "required": True, "schema": {"type": "string"}}]
     return {
         "openapi": "3.1.0",
@@ -93,7 +110,12 @@ def document(models: list[str] | None = None, max_model_len: int = 1 << 20) -> d
                                        _with_model(completion_request(max_model_len), models)),
             "/v1/chat/completions": proxied("chat completions, routed",
                                             _with_model(chat_request(max_model_len), models)),
-            "/v1/embeddings": proxied("embeddings, routed", embeddings),
+            "/v1/embeddings": proxied("embeddings, routed", embeddings, ENCODER_ERRORS),
+            "/embed": proxied("TEI's embed, routed (without `model`: the fleet's one embedding model)", tei_embed,
+                              ENCODER_ERRORS),
+            "/v1/rerank": proxied("rerank (Cohere's and Jina's shape), routed", rerank, ENCODER_ERRORS),
+            "/rerank": proxied("TEI's rerank, routed (without `model`: the fleet's one reranking model)",
+                               tei_rerank, ENCODER_ERRORS),
             "/v1/models": {"get": {"summary": "the fleet's models", "responses": {
                 "200": ok("the model list"), "401": error("no or a wrong API key"),
                 "429": error("too many failed authentications (Retry-After)")}}},

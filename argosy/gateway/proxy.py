@@ -53,6 +53,10 @@ class Call:
     headers: dict[str, str] = field(default_factory=JSON_HEADERS.copy)  # to the upstream (x-request-id, ...)
     request_id: str = ""  # returned to the caller as X-Request-Id
     shadow_out: asyncio.Future | None = None  # a shadow request waits for this output to compare
+    fallback: tuple[str, Router] | None = None  # (the stable revision, its router): where a request goes
+    # when its own revision has no upstream left before the first byte
+    ttft: float | None = None  # streamed: seconds to the first chunk
+    gaps: list[float] | None = None  # streamed, when the model records samples: seconds between chunks
 
 
 def stream_error(message: str, code: str) -> bytes:
@@ -83,6 +87,9 @@ class Proxy:
         while True:
             route = call.trace.child("gateway.route", {"argosy.revision": call.route}) if call.trace else None
             u = call.router.choose(call.rreq, tried)
+            if u is None and call.fallback is not None:  # the revision has nothing left: the stable's
+                (call.route, call.router), call.fallback = call.fallback, None
+                u = call.router.choose(call.rreq, tried)
             if route is not None:
                 route.set_attribute("argosy.upstream", u.url if u is not None else "none")
                 route.end()
@@ -134,6 +141,7 @@ class Proxy:
         if span is not None:
             set_http_status(span, resp.status)
         rid = [(b"x-request-id", call.request_id.encode())] if call.request_id else []
+        rid.append((b"x-argosy-revision", call.route.encode()))  # which revision answered (rollouts)
         try:
             if resp.status in RETRYABLE:
                 await resp.read()
@@ -213,7 +221,9 @@ class Proxy:
         filt = StreamFilter(call.guard) if call.guard is not None else None
         keep = call.keep_output
         now = time.monotonic()
-        ttft.observe(now - call.t0)
+        call.ttft = now - call.t0
+        ttft.observe(call.ttft)
+        gaps = call.gaps
         last_t, saw_done, events = now, False, 0
         it = resp.content.iter_any()
         try:
@@ -246,6 +256,8 @@ class Proxy:
                     break
                 now = time.monotonic()
                 itl.observe(now - last_t)
+                if gaps is not None:
+                    gaps.append(now - last_t)
                 last_t = now
         except (TimeoutError, aiohttp.ClientError, OSError) as e:
             u.failure()

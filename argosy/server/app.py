@@ -92,11 +92,13 @@ def build_app(
     root: str | None = None,
     revision: str | None = None,
     api_key: str | None = None,
+    telemetry: Any = None,
 ) -> ASGIApp:
     """The server for one engine; `make_engine()` runs in the engine thread when the app starts.
-    `tracing`: an argosy.observe.tracing.Tracing, or None (no traces)."""
+    `tracing`: an argosy.observe.tracing.Tracing, or None (no traces). `telemetry`: a
+    device_telemetry.DeviceTelemetry whose series /metrics adds, or None."""
     engine = AsyncEngine(make_engine)
-    server_metrics = ServerMetrics(served_model_name, engine.engine_stats)
+    server_metrics = ServerMetrics(served_model_name, engine.engine_stats, telemetry)
     engine.observer = server_metrics
     state = ServerState(served_model_name, engine, server_metrics, max_queue=max_queue, max_body_bytes=max_body_bytes,
                         root=root, revision=revision)

