@@ -11,6 +11,11 @@ compares, position by position: the share of positions whose most likely next to
 (target >= 99% over >= 2,000 positions), and the perplexity (target: within 1% of llama.cpp's).
 llama.cpp quantizes activations to int8 inside its products and keeps its KV cache in float16, so the
 logits are close, not identical. --text defaults to the GPL-3 text in /usr/share/common-licenses.
+
+Where the two pick differently, the table printed last says how close llama.cpp's own top two tokens
+were there (its top-2 log-probability gap). --also-base OTHER (another llama-perplexity file over the same
+tokens, e.g. llama.cpp on an F32 file of the same weights) prints llama.cpp's agreement with itself too.
+ARGOSY_INT8_ACTIVATIONS=1 runs Argosy's products on int8 activations as llama.cpp's are (docs/gguf.md).
 """
 
 from __future__ import annotations
@@ -74,6 +79,7 @@ def main() -> int:
     ap.add_argument("--ctx", type=int, default=512)
     ap.add_argument("--chunks", type=int, default=8)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--also-base", default=None, help="another llama-perplexity logits file to compare with")
     args = ap.parse_args()
     from argosy.engine.model_names import smollm2_path
 
@@ -107,11 +113,15 @@ def main() -> int:
     first = n_ctx // 2
     agree = total = 0
     nll_ours = nll_theirs = 0.0
+    gaps, missed = [], []  # llama.cpp's top-2 gap at every scored position; whether Argosy picked differently
     for c, chunk in enumerate(tokens):
         logits = argosy_logits(llm, chunk)[first:n_ctx - 1]  # position p predicts token p + 1
         logp = logits.log_softmax(-1).numpy()
         targets = chunk[first + 1:]
         agree += int((logp.argmax(-1) == theirs[c].argmax(-1)).sum())
+        top2 = np.sort(theirs[c], -1)[:, -2:]
+        gaps.append(top2[:, 1] - top2[:, 0])
+        missed.append(logp.argmax(-1) != theirs[c].argmax(-1))
         total += len(targets)
         nll_ours -= float(logp[np.arange(len(targets)), targets].sum())
         nll_theirs -= float(theirs[c][np.arange(len(targets)), targets].sum())
@@ -122,6 +132,18 @@ def main() -> int:
     print(f"perplexity: Argosy {ppl_ours:.4f}, llama.cpp {ppl_theirs:.4f} (from its logits"
           + (f"; it printed {their_ppl:.4f}" if their_ppl else "") + f"): {100 * (ppl_ours / ppl_theirs - 1):+.2f}% "
           "(target within 1%)")
+    gaps, missed = np.concatenate(gaps), np.concatenate(missed)
+    print("llama.cpp's top-2 gap | positions | where Argosy picks differently")
+    for bound in (0.05, 0.1, 0.2, 0.5, math.inf):
+        near = gaps < bound
+        print(f"< {bound} nats | {int(near.sum())} | {int((missed & near).sum())}")
+    if args.also_base:
+        _, _, other_tokens, other = read_base(Path(args.also_base))
+        if not np.array_equal(other_tokens, tokens):
+            print(f"{args.also_base}: other tokens than the base file's; not compared")
+            return 1
+        same = sum(int((a.argmax(-1) == b.argmax(-1)).sum()) for a, b in zip(theirs, other, strict=True))
+        print(f"llama.cpp against {args.also_base}: {100 * same / total:.2f}% the same next token")
     return 0
 
 

@@ -87,3 +87,15 @@ def test_bad_shapes_are_refused():
         quant_kernels.dequantize_rows(w, torch.tensor([4]))
     with pytest.raises(ValueError, match="does not hold rows"):
         QuantTensor(2, torch.from_numpy(raw.copy()), 96)
+
+
+def test_every_kernel_source_ships_in_the_package():
+    """An installed wheel builds the kernels from its own copies: each file they include must be package data."""
+    import fnmatch
+    import tomllib
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    patterns = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["*"]
+    for source in (root / "argosy" / "engine" / "csrc").iterdir():
+        assert any(fnmatch.fnmatch(source.name, p) for p in patterns), f"{source.name} is not package data"

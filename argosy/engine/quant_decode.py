@@ -75,7 +75,7 @@ class SingleStreamDecoder:
             cfg.num_layers, self.plan.data_ptr(), x.data_ptr(), cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads,
             cfg.head_dim, cfg.intermediate_size, cfg.rms_norm_eps, cos.data_ptr(), sin.data_ptr(), table.data_ptr(),
             ctx, int(meta.slot_mapping[0]), cache.shape[2], cache.shape[1], cfg.head_dim ** -0.5,
-            torch.get_num_threads())
+            torch.get_num_threads(), int(quant_kernels.int8_activations()))
         if rc:
             raise MemoryError("quantized decode: out of memory") if rc == -2 else IndexError("quantized decode: "
                                                                                               "bad slot or block table")

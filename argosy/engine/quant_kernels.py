@@ -5,6 +5,11 @@ engine's other kernels do not depend on it. Types with a kernel: Q8_0, Q4_0, Q4_
 blocks are dequantized inside the products with float32 activations (AVX-512 where the CPU has it,
 else plain C that the compiler vectorizes). Other GGML types (Q6_K, ...) are dequantized to float32 at
 load by the GGUF loader.
+
+ARGOSY_INT8_ACTIVATIONS=1 computes Q8_0, Q4_0 and Q4_1 products as llama.cpp's CPU backend does instead
+(csrc/quant_int8.c): each activation row quantized to int8 blocks (Q8_0, or Q8_1 for Q4_1 weights),
+then integer dot products. Off by default: it does not bring Argosy's logits to llama.cpp's (the
+quantization noise makes both runs sensitive to their last float bits; BENCHMARKS.md, docs/gguf.md).
 """
 
 from __future__ import annotations
@@ -26,10 +31,12 @@ from argosy.engine import cpu_kernels
 logger = logging.getLogger(__name__)
 
 CSRC = Path(__file__).parent / "csrc"
-SOURCES = [CSRC / "quant_matmul.c", CSRC / "quant_decode.c"]
+SOURCES = [CSRC / "quant_matmul.c", CSRC / "quant_decode.c", CSRC / "quant_int8.c"]
 # GGML type number -> (name, weights per block, bytes per block)
 KERNEL_TYPES = {8: ("Q8_0", 32, 34), 2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20), 12: ("Q4_K", 256, 144),
                 13: ("Q5_K", 256, 176)}
+# Weight type -> its activations' int8 block type (GGML numbers: 8 = Q8_0, 9 = Q8_1), where it has one.
+INT8_ACTIVATION_TYPES = {8: 8, 2: 8, 3: 9}
 I64, PTR = ctypes.c_int64, ctypes.c_void_p
 
 
@@ -65,7 +72,11 @@ def _load(lib_path: Path) -> ctypes.CDLL:
     lib.dequantize_rows_f32.argtypes = [I64, PTR, I64, PTR, I64, PTR]
     lib.dequantize_rows_f32.restype = I64
     lib.quant_decode_layers.argtypes = [I64, PTR, PTR, *[I64] * 5, ctypes.c_float, PTR, PTR, PTR, *[I64] * 4,
-                                        ctypes.c_float, I64]
+                                        ctypes.c_float, I64, I64]
+    lib.quant_matmul_int8.argtypes = [I64, PTR, I64, I64, PTR, I64, PTR, I64, I64]
+    lib.quant_matmul_int8.restype = I64
+    lib.quantize_rows_q8.argtypes = [I64, PTR, I64, I64, PTR]
+    lib.quantize_rows_q8.restype = I64
     lib.quant_decode_layers.restype = I64
     return lib
 
@@ -97,10 +108,16 @@ def available() -> bool:
     return _library() is not None
 
 
-def matmul(w: QuantTensor, x: torch.Tensor, out: torch.Tensor | None = None, lib: ctypes.CDLL | None = None
-           ) -> torch.Tensor:
+def int8_activations() -> bool:
+    """Whether products take int8 activations, as llama.cpp's (ARGOSY_INT8_ACTIVATIONS=1; off by default)."""
+    return os.environ.get("ARGOSY_INT8_ACTIVATIONS", "0") == "1"
+
+
+def matmul(w: QuantTensor, x: torch.Tensor, out: torch.Tensor | None = None, lib: ctypes.CDLL | None = None,
+           int8: bool | None = None) -> torch.Tensor:
     """x [rows, cols] float32 -> x @ w.T, [rows, w.rows]; into `out` (a [rows, >= w.rows] view whose rows
-    may be strided, e.g. a column slice of a wider output) where given."""
+    may be strided, e.g. a column slice of a wider output) where given. int8 (default: int8_activations())
+    quantizes x to int8 blocks first where w's type has such a product."""
     if x.dtype != torch.float32 or x.dim() != 2 or x.shape[1] != w.cols:
         raise ValueError(f"x must be float32 [rows, {w.cols}], got {x.dtype} {tuple(x.shape)}")
     x = x.contiguous()
@@ -108,10 +125,25 @@ def matmul(w: QuantTensor, x: torch.Tensor, out: torch.Tensor | None = None, lib
         out = x.new_empty((x.shape[0], w.rows))
     if out.shape != (x.shape[0], w.rows) or out.stride(1) != 1 or out.dtype != torch.float32:
         raise ValueError("out must be float32 [rows, w.rows] with contiguous rows")
-    rc = (lib or _library()).quant_matmul_f32(w.qtype, w.data.data_ptr(), w.rows, w.cols, x.data_ptr(),
+    if int8 is None:
+        int8 = int8_activations()
+    kernel = (lib or _library()).quant_matmul_int8 if int8 and w.qtype in INT8_ACTIVATION_TYPES \
+        else (lib or _library()).quant_matmul_f32
+    rc = kernel(w.qtype, w.data.data_ptr(), w.rows, w.cols, x.data_ptr(),
                                               x.shape[0], out.data_ptr(), out.stride(0), torch.get_num_threads())
     if rc:
         raise MemoryError("quantized matmul: out of memory") if rc == -2 else ValueError("quantized matmul: bad shape")
+    return out
+
+
+def quantize_activations(x: torch.Tensor, act_type: int, lib: ctypes.CDLL | None = None) -> torch.Tensor:
+    """x [rows, cols] float32 -> GGML Q8_0 (act_type 8: 34 bytes per 32 values) or Q8_1 (9: 36 bytes) blocks,
+    [rows, cols / 32 * bytes] uint8, as llama.cpp quantizes the activations of its products."""
+    if x.dtype != torch.float32 or x.dim() != 2 or x.shape[1] % 32 or act_type not in (8, 9):
+        raise ValueError("x must be float32 [rows, a multiple of 32] and act_type 8 (Q8_0) or 9 (Q8_1)")
+    x = x.contiguous()
+    out = torch.empty((x.shape[0], x.shape[1] // 32 * (34 if act_type == 8 else 36)), dtype=torch.uint8)
+    (lib or _library()).quantize_rows_q8(act_type, x.data_ptr(), x.shape[0], x.shape[1], out.data_ptr())
     return out
 
 

@@ -33,10 +33,25 @@ static void rms_norm(const float *x, const float *w, float *out, int64_t dim, fl
 }
 
 /* y[0..rows) = W x for one quantized matrix; called by every thread of the region (an omp for).
- * xs: x's block sums, computed by the caller's single section. */
-static void matvec(int64_t type, const uint8_t *w, int64_t rows, int64_t in, const float *x, const float *xs, float *y)
+ * xs: x's block sums, computed by the caller's single section. With int8 activations (types that have
+ * an int8 product), x is quantized once into xq, kept while *xq_type says it holds x in that type; the
+ * caller sets *xq_type to 0 when x changes. */
+static void matvec(int64_t type, const uint8_t *w, int64_t rows, int64_t in, const float *x, const float *xs, float *y,
+                   int64_t int8, uint8_t *xq, int64_t *xq_type)
 {
     const int64_t row_bytes = in / quant_block_size(type) * quant_block_bytes(type);
+    const int64_t act = int8 ? int8_activation_type(type) : 0;
+    if (act) {
+#pragma omp single
+        if (*xq_type != act) {
+            quantize_rows_q8(act, x, 1, in, xq);
+            *xq_type = act;
+        }
+#pragma omp for schedule(static)
+        for (int64_t o = 0; o < rows; o++)
+            y[o] = int8_row_dot(type, w + o * row_bytes, in, xq);
+        return;
+    }
 #pragma omp for schedule(static)
     for (int64_t o = 0; o < rows; o++)
         y[o] = quant_row_dot(type, w + o * row_bytes, in, x, xs);
@@ -71,7 +86,8 @@ static void rope(float *x, const float *cos, const float *sin, int64_t heads, in
 int64_t quant_decode_layers(int64_t layers, const int64_t *plan, float *x, int64_t hidden, int64_t heads,
                             int64_t kv_heads, int64_t head_dim, int64_t inter, float eps, const float *cos,
                             const float *sin, const int64_t *table, int64_t ctx, int64_t slot, int64_t block_size,
-                            int64_t num_blocks, float scale, int64_t threads)
+                            int64_t num_blocks, float scale, int64_t threads,
+                            int64_t int8)
 {
     const int64_t qs = heads * head_dim, kvs = kv_heads * head_dim, num_slots = num_blocks * block_size;
     const int64_t widest = hidden > inter ? (hidden > qs ? hidden : qs) : (inter > qs ? inter : qs);
@@ -84,7 +100,9 @@ int64_t quant_decode_layers(int64_t layers, const int64_t *plan, float *x, int64
     float *attn = malloc(qs * sizeof(float)), *gu = malloc(2 * inter * sizeof(float)), *tmp = malloc(hidden * sizeof(float));
     float *scores = malloc(heads * ctx * sizeof(float));
     float *xs = malloc(widest / 32 * sizeof(float));
-    const int failed = !xn || !qkv || !attn || !gu || !tmp || !scores || !xs;
+    uint8_t *xq = malloc(widest / 32 * 36); /* x in int8 blocks (Q8_1: 36 bytes per 32) */
+    int64_t xq_type = 0;
+    const int failed = !xn || !qkv || !attn || !gu || !tmp || !scores || !xs || !xq;
     if (!failed) {
 #pragma omp parallel num_threads(threads)
         {
@@ -95,11 +113,12 @@ int64_t quant_decode_layers(int64_t layers, const int64_t *plan, float *x, int64
                 {
                     rms_norm(x, (const float *)p[P_ATTN_NORM], xn, hidden, eps);
                     block_sums(xn, hidden, xs);
+                    xq_type = 0;
                 }
                 int64_t start = 0;
                 for (int64_t s = 0; s < p[P_N_QKV]; s++) {
                     const int64_t *seg = p + P_QKV + 3 * s;
-                    matvec(seg[0], (const uint8_t *)seg[1], seg[2], hidden, xn, xs, qkv + start);
+                    matvec(seg[0], (const uint8_t *)seg[1], seg[2], hidden, xn, xs, qkv + start, int8, xq, &xq_type);
                     start += seg[2];
                 }
 #pragma omp single
@@ -136,19 +155,23 @@ int64_t quant_decode_layers(int64_t layers, const int64_t *plan, float *x, int64
                     }
                 }
 #pragma omp single
-                block_sums(attn, qs, xs);
-                matvec(p[P_O], (const uint8_t *)p[P_O + 1], hidden, qs, attn, xs, tmp);
+                {
+                    block_sums(attn, qs, xs);
+                    xq_type = 0;
+                }
+                matvec(p[P_O], (const uint8_t *)p[P_O + 1], hidden, qs, attn, xs, tmp, int8, xq, &xq_type);
 #pragma omp single
                 {
                     for (int64_t d = 0; d < hidden; d++)
                         x[d] += tmp[d];
                     rms_norm(x, (const float *)p[P_FFN_NORM], xn, hidden, eps);
                     block_sums(xn, hidden, xs);
+                    xq_type = 0;
                 }
                 start = 0;
                 for (int64_t s = 0; s < p[P_N_GU]; s++) {
                     const int64_t *seg = p + P_GU + 3 * s;
-                    matvec(seg[0], (const uint8_t *)seg[1], seg[2], hidden, xn, xs, gu + start);
+                    matvec(seg[0], (const uint8_t *)seg[1], seg[2], hidden, xn, xs, gu + start, int8, xq, &xq_type);
                     start += seg[2];
                 }
 #pragma omp single
@@ -158,8 +181,9 @@ int64_t quant_decode_layers(int64_t layers, const int64_t *plan, float *x, int64
                         xn[i] = g / (1.0f + expf(-g)) * gu[inter + i];
                     }
                     block_sums(xn, inter, xs);
+                    xq_type = 0;
                 }
-                matvec(p[P_DOWN], (const uint8_t *)p[P_DOWN + 1], hidden, inter, xn, xs, tmp);
+                matvec(p[P_DOWN], (const uint8_t *)p[P_DOWN + 1], hidden, inter, xn, xs, tmp, int8, xq, &xq_type);
 #pragma omp single
                 for (int64_t d = 0; d < hidden; d++)
                     x[d] += tmp[d];
@@ -173,5 +197,6 @@ int64_t quant_decode_layers(int64_t layers, const int64_t *plan, float *x, int64
     free(tmp);
     free(scores);
     free(xs);
+    free(xq);
     return failed ? -2 : 0;
 }
