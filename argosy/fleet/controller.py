@@ -13,10 +13,12 @@ import atexit
 import logging
 
 from argosy.config import FleetConfig, ModelConfig
+from argosy.fleet.capacity import CapacityBook, summary
 from argosy.fleet.local import LocalProvider
 from argosy.fleet.metrics import FleetMetrics
 from argosy.fleet.model_controller import ModelController
 from argosy.fleet.placement import Need, Node, Placer, detect_nodes, replica_need
+from argosy.fleet.preemption import PreemptionNotice, Preemptions
 from argosy.fleet.replica import DRAINING, READY, WARMING
 from argosy.fleet.seams import GatewayPort, ReplicaProvider
 
@@ -78,6 +80,8 @@ class Controller:
         self.providers: dict[str, ReplicaProvider] = {}
         self.models: dict[str, ModelController] = {}
         self.placer: Placer | None = None
+        self.capacity = CapacityBook.of(fleet)  # this region's capacity kinds (docs/regions.md)
+        self.preemptions = Preemptions(self)
 
     async def start(self) -> None:
         models = managed(self.fleet)
@@ -85,7 +89,7 @@ class Controller:
             if m.provider not in self.providers:
                 self.providers[m.provider] = make_provider(m.provider, self.fleet.providers.get(m.provider, {}))
         nodes = await self._nodes()
-        self.placer = Placer(nodes)
+        self.placer = Placer(nodes, self.capacity)
         for n in nodes:
             gpus = ", ".join(f"{g.model} {g.memory_gib:.0f} GiB" for g in n.gpus) or "no GPUs"
             ram = "unbounded" if n.memory_gib == float("inf") else f"{n.memory_gib:.1f} GiB"
@@ -95,6 +99,7 @@ class Controller:
                                  model_need(m, nodes), self.metrics, otlp_endpoint=self.fleet.gateway.otlp_endpoint)
             self.models[m.name] = mc
             mc.start()
+        self.preemptions.start(self.providers)  # providers that hear of preemptions themselves
         atexit.register(self.kill_now)  # backstop if the loop never reaches stop()
 
     async def _nodes(self) -> list[Node]:
@@ -112,6 +117,7 @@ class Controller:
         return nodes or detect_nodes(None)
 
     async def stop(self) -> None:
+        await self.preemptions.stop()
         await asyncio.gather(*(mc.stop() for mc in self.models.values()), return_exceptions=True)
         for p in self.providers.values():
             await p.close()
@@ -131,7 +137,33 @@ class Controller:
                           "used_gib": round(n.used_gib, 3),
                           "resources": {k: {"total": v, "used": round(n.used_resources.get(k, 0.0), 6)}
                                         for k, v in n.resources.items()}})
-        return {"nodes": nodes, "models": [mc.status() for mc in self.models.values()]}
+        out = {"nodes": nodes, "models": [mc.status() for mc in self.models.values()]}
+        if self.capacity is not None:  # replicas by region, provider and capacity kind, with their $/h
+            for n in nodes:
+                n["capacity_kind"] = self.capacity.kind(n["name"])
+                n["preempted"] = n["name"] in self.preemptions.notices
+            for m in out["models"]:
+                for r in m["replicas"]:
+                    r.update(self.capacity.describe(r))
+            out["capacity"] = summary([r for m in out["models"] for r in m["replicas"]])
+            out["capacity"]["preemptions"] = list(self.preemptions.notices.values())
+        return out
+
+    # ------------------------------------------------------------------ capacity kinds (docs/regions.md)
+
+    def preempt(self, node: str, deadline_s: float, source: str = "admin", restore: bool = False) -> dict:
+        """A preemption notice for a node (or its return): raises KeyError for an unknown node."""
+        return self.preemptions.apply(PreemptionNotice(node, deadline_s, source, restore))
+
+    def replica_price(self, model: str) -> float | None:
+        """The mean $/h of the model's ready replicas here (what a region's state tells the others)."""
+        mc = self.models.get(model)
+        if mc is None or self.capacity is None:
+            return None
+        prices = [self.capacity.usd_per_hour(r.node, len(r.spec.placement.gpus) if r.spec.placement else 0)
+                  for r in mc.ready_routed()]
+        prices = [p for p in prices if p is not None]
+        return sum(prices) / len(prices) if prices else None
 
     # ------------------------------------------------------------------ the gateway's FleetView
 

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from argosy.config import EngineSection, NodeConfig
 from argosy.engine.config import CPU_DEFAULT_KV_GIB  # the engine's own KV budget on the CPU
+from argosy.fleet.capacity import CapacityBook
 
 GIB = 1024 ** 3
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -145,11 +146,17 @@ def available_ram_gib() -> float:
 
 
 class Placer:
-    """Tracks what is allocated on each node; `place` one replica, `release` it when it stops."""
+    """Tracks what is allocated on each node; `place` one replica, `release` it when it stops.
 
-    def __init__(self, nodes: list[Node]):
+    With a region's capacity book (fleet/capacity.py) nodes are tried by capacity kind first (reserved,
+    then on-demand, then spot, as `capacity_order` says) within each kind's units; cordoned nodes (a
+    preemption notice) take nothing new."""
+
+    def __init__(self, nodes: list[Node], capacity: CapacityBook | None = None):
         self.nodes = {n.name: n for n in nodes}
         self.held: dict[str, tuple[str, Placement]] = {}  # replica id -> (model, placement)
+        self.capacity = capacity
+        self.cordoned: set[str] = set()
 
     def _fits(self, node: Node, need: Need, avoid: set[int]) -> tuple[float, tuple[int, ...]] | None:
         """(memory left after placing, GPU indices) for the tightest fit on this node, or None;
@@ -173,15 +180,22 @@ class Placer:
         """Place one replica (nodes in `down` are skipped); raises Unplaceable with the reason."""
         same = {p.node for m, p in self.held.values() if m == model}
         same_gpus = {(p.node, g) for m, p in self.held.values() if m == model for g in p.gpus}
+        book = self.capacity
+        used = book.used([(p.node, p.need.gpus) for _, p in self.held.values()]) if book else {}
         best: tuple[tuple, Node, tuple[int, ...]] | None = None
         for node in self.nodes.values():
-            if (provider is not None and node.provider != provider) or node.name in down:
+            if (provider is not None and node.provider != provider) or node.name in down \
+                    or node.name in self.cordoned:
+                continue
+            if book is not None and not book.usable(node.name, need.gpus, used):
                 continue
             fit = self._fits(node, need, {g for n, g in same_gpus if n == node.name})
             if fit is None:
                 continue
-            # Spread a model across nodes, then across GPUs (two copies on one GPU compete), then best fit.
-            key = (node.name in same, any((node.name, g) in same_gpus for g in fit[1]), fit[0])
+            # The capacity kind first (the order), then spread a model across nodes, then across GPUs (two
+            # copies on one GPU compete), then best fit.
+            rank = book.rank(node.name) if book else 0
+            key = (rank, node.name in same, any((node.name, g) in same_gpus for g in fit[1]), fit[0])
             if best is None or key < best[0]:
                 best = (key, node, fit[1])
         if best is None:
@@ -214,9 +228,16 @@ class Placer:
 
     def _why(self, model: str, need: Need, provider: str | None, down: frozenset[str] | set[str]) -> str:
         nodes = [n for n in self.nodes.values() if provider is None or n.provider == provider]
-        nodes = [n for n in nodes if n.name not in down]
+        nodes = [n for n in nodes if n.name not in down and n.name not in self.cordoned]
         if not nodes:
             return f"{model}: no live node for provider {provider!r}"
+        if self.capacity is not None:
+            used = self.capacity.used([(p.node, p.need.gpus) for _, p in self.held.values()])
+            open_ = [n for n in nodes if self.capacity.usable(n.name, need.gpus, used)]
+            if not open_:
+                return f"{model}: every capacity kind of region {self.capacity.region} is in use or left out of " \
+                       f"capacity_order ({', '.join(self.capacity.order)})"
+            nodes = open_
         if need.resources:
             want = ", ".join(f"{k}: {v:g}" for k, v in need.resources)
             offer = [n for n in nodes if all(n.resources.get(k, 0.0) >= v - 1e-9 for k, v in need.resources)]

@@ -63,10 +63,14 @@ function renderModels(models) {
     const rows = m.replicas.map((r) => "<tr>" + cell(esc(r.id)) + cell(esc(r.state) + (r.pooled ? " (pool)" : ""), "state-" + r.state) +
       cell(r.url ? esc(r.url) : null) + cell(r.in_flight, "num") + cell(r.running, "num") + cell(r.waiting, "num") +
       cell(pct(r.kv_cache_usage), "num") + cell(r.age_s == null ? null : r.age_s.toFixed(0) + " s", "num") +
-      cell(r.cold_start_s == null ? null : r.cold_start_s.toFixed(1) + " s", "num") + "</tr>").join("");
+      cell(r.cold_start_s == null ? null : r.cold_start_s.toFixed(1) + " s", "num") +
+      // regions (docs/regions.md): where it runs, on what capacity kind, at what price
+      cell(r.region ? esc(r.region) + " (" + esc(r.provider) + ")" : null) + cell(r.capacity_kind ? esc(r.capacity_kind) : null) +
+      cell(r.usd_per_hour == null ? null : "$" + r.usd_per_hour.toFixed(2) + "/h", "num") + "</tr>").join("");
     return head + "<table class=\"replicas\"><thead><tr><th>replica</th><th>state</th><th>url</th><th>in flight (gateway)</th>" +
-      "<th>running</th><th>waiting</th><th>KV cache</th><th>age</th><th>cold start</th></tr></thead><tbody>" +
-      (rows || '<tr><td colspan="9">no replicas</td></tr>') + "</tbody></table>";
+      "<th>running</th><th>waiting</th><th>KV cache</th><th>age</th><th>cold start</th>" +
+      "<th>region (provider)</th><th>capacity</th><th>cost</th></tr></thead><tbody>" +
+      (rows || '<tr><td colspan="12">no replicas</td></tr>') + "</tbody></table>";
   }).join("");
   document.getElementById("models").innerHTML = html;
 }
