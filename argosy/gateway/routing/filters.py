@@ -127,5 +127,5 @@ class HomeFirstFilter(Filter):
         return [home] if home is not None else cands
 
 
-def region_filters() -> list[Filter]:
-    return [RegionLiveFilter(), NotTriedFilter(), ResidencyFilter(), HomeFirstFilter()]
+def region_filters(rng: Callable[[], float] = random.random) -> list[Filter]:
+    return [RegionLiveFilter(rng), NotTriedFilter(), ResidencyFilter(), HomeFirstFilter()]
