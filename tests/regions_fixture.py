@@ -47,6 +47,8 @@ class RegionsUnderTest:
             "models": [
                 {"name": "chat", "upstreams": [f"http://127.0.0.1:{FIXTURE_PORT}"],
                  "autoscaling": {"target": CAPACITY_PER_REGION}},
+                # chat-us runs only in us-east: another region's gateway forwards it (the hop's cost, test g)
+                {"name": "chat-us", "regions": ["us-east"], "upstreams": [f"http://127.0.0.1:{FIXTURE_PORT}"]},
                 {"name": "tiny", "checkpoint": tiny_checkpoint, "regions": ["us-east"],
                  "engine": {"kv_cache_memory_gib": 0.01, "max_num_seqs": 16, "max_num_batched_tokens": 256},
                  "autoscaling": {"min_replicas": 2, "max_replicas": 2, "target": 8, "tick_s": 0.5,
@@ -61,6 +63,7 @@ class RegionsUnderTest:
              "upstreams": {"chat": [f"http://127.0.0.1:{FIXTURE_PORT}"]},
              "capacity": {"on_demand": {"gpu": "cpu", "count": 4, "usd_per_hour": 0.40}}}
         if name == "us-east":  # the tiny engine replicas: one on on-demand, the burst on spot
+            r["upstreams"]["chat-us"] = [f"http://127.0.0.1:{FIXTURE_PORT}"]
             r["nodes"] = [{"name": "us-od", "capacity": "on_demand", "memory_gib": 0.6},
                           {"name": "us-spot-a", "capacity": "spot", "memory_gib": 0.6},
                           {"name": "us-spot-b", "capacity": "spot", "memory_gib": 0.6}]

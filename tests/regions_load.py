@@ -121,6 +121,29 @@ class Load:
         for i in range(len(live), u.count):
             self.tasks[group].append(asyncio.get_running_loop().create_task(self.user(group, i)))
 
+    async def open_loop(self, region: str, rate: float, duration: float, seed: int = 0, **fields) -> None:
+        """Poisson arrivals at `rate` req/s for `duration` s from the region's users (not waiting for answers:
+        as the simulator's traffic), then wait for the last answers."""
+        import random
+
+        rng, u = random.Random(seed), Users(region, key=self.key, **fields)
+        c = self.client(region, u.key, u.max_retries)
+        pending: set[asyncio.Task] = set()
+        end, t = time.monotonic() + duration, time.monotonic()
+        try:
+            while True:
+                t += rng.expovariate(rate)
+                if t >= end:
+                    break
+                await asyncio.sleep(max(0.0, t - time.monotonic()))
+                task = asyncio.get_running_loop().create_task(self.one(region, u, c))
+                task.add_done_callback(lambda tk: self.done.append(tk.result()))
+                pending.add(task)
+                task.add_done_callback(pending.discard)
+            await asyncio.gather(*pending, return_exceptions=True)
+        finally:
+            await c.close()
+
     async def idle(self, *groups: str) -> None:
         """Wait until these groups' users (set to fewer) have finished their requests."""
         await asyncio.gather(*(t for g in groups for t in self.tasks[g][self.users[g].count:]),

@@ -9,6 +9,9 @@
     503 with Retry-After when no eu region can serve;
 (e) a spot replica preempted with notice: its streams finish, it is replaced (spot elsewhere), none lost.
 
+(f) the simulator, given the same fleet file and traffic, agrees with the gateways on who serves what
+    before and while a region's replica is down.
+
 Needs root and `ip` (skipped with the reason otherwise; .ci/run runs as root). About 2 minutes.
 """
 
@@ -297,3 +300,104 @@ def test_e_spot_replica_preempted_with_notice_drains_and_is_replaced(regions):
     assert "us-spot-b" in text and "spot" in text and "PREEMPTED" in text and "total $0.52/h" in text, text
     print(f"(e) {len(tiny)} tiny streams, 0 lost ({len(at_notice)} in flight at the notice finished); "
           f"{spot['id']} on {spot['node']} replaced on us-spot-b in {marks['replaced'] - marks['notice']:.1f} s")
+
+
+RATES = {"eu-west": 10.0, "eu-north": 14.0, "us-east": 6.0}  # req/s, Poisson
+KILL_S, DOWN_S, RUN_S = 4.0, 6.0, 12.0
+
+
+def simulated(regions: RegionsUnderTest, service_s: float) -> list[tuple[str, str, float]]:
+    """The same scenario through the simulator: (arrival region, serving region, arrival time) per request.
+    `service_s`: a request's time at home as the real run measured it (the replica's profile, as `argosy
+    profile` measures one)."""
+    from argosy.config import parse_fleet
+    from argosy.sim.fleet import FleetSim, SimSettings
+    from argosy.sim.profile import StepProfile
+    from argosy.sim.traffic import Failure, Lengths, Region, TrafficSpec, make_requests
+    from tests.regions_fixture import RTT_MS
+
+    fleet = parse_fleet(regions.fleet)
+    chat = next(m for m in fleet.models if m.name == "chat")
+    # The fixture replica: a request of 8 tokens is 8 steps whatever the batch, as long as the real run took
+    # (the gateway counts it in flight all that time); back in the routing set about 2 s after it restarts
+    # (the gateway's breaker cooldown).
+    fixture = StepProfile("fixture", "cpu", "measured", "sum", base_s=service_s / 8, per_prefill_token_s=0.0,
+                          per_decode_seq_s=0.0, mem_base_s=0.0, per_kv_token_s=0.0, num_blocks=100_000,
+                          cold_start_s=2.0)
+    spec = TrafficSpec(duration_s=RUN_S, rate=sum(RATES.values()), seed=3,
+                       regions=[Region(name=r, share=RATES[r]) for r in REGIONS],
+                       prompt_tokens=Lengths(mean=4), output_tokens=Lengths(mean=8),
+                       rtt_s={a: {b: ms / 1000 for b, ms in row.items()} for a, row in RTT_MS.items()},
+                       failures=[Failure(region="eu-north", at_s=KILL_S, duration_s=DOWN_S, replica=0)])
+    sim = FleetSim(chat, fixture, spec, make_requests(spec), SimSettings(replicas=1), fleet=fleet)
+    sim.run()
+    return [(REGIONS[q.region], q.replica.rsplit("-", 1)[0], q.arrival_s) for q in sim.done]
+
+
+def shares(rows: list[tuple[str, str, float]], arrival: str, t0: float, t1: float) -> dict[str, float]:
+    got = [served for a, served, t in rows if a == arrival and t0 <= t < t1]
+    return {r: round(got.count(r) / len(got), 3) for r in REGIONS} if got else {}
+
+
+def test_f_the_simulator_and_the_gateways_agree_on_who_serves_what_when_a_region_fails(regions):
+    marks = {}
+
+    async def script(load: Load) -> None:
+        marks["start"] = time.monotonic()
+        runs = [load.open_loop(r, RATES[r], RUN_S, seed=i, stream=False, max_tokens=8) for i, r in enumerate(REGIONS)]
+
+        async def fail() -> None:
+            await asyncio.sleep(KILL_S)
+            await asyncio.to_thread(regions.net.kill, "fixture-eu-north")  # its replica; the gateway stays
+            await asyncio.sleep(DOWN_S)
+            await asyncio.to_thread(regions.start_fixture, "eu-north")
+        await asyncio.gather(*runs, fail())
+
+    load = run_load(regions, script)
+    assert load.done and all(d.ok for d in load.done), [d.error for d in load.done if not d.ok][:3]
+    real = [(d.client, d.served, d.t0 - marks["start"]) for d in load.done]
+    service_s = median([d.end - d.t0 for d in load.done if d.served == d.client and d.t0 - marks["start"] < KILL_S])
+    sim = simulated(regions, service_s)
+    print(f"(f) a request served at home took {service_s * 1000:.0f} ms (median) in the real run")
+    window = (KILL_S + 1.0, KILL_S + DOWN_S)  # after the failure is seen, before the replica is back
+    rows = []
+    for arrival in REGIONS:
+        for label, t0, t1 in (("before", 0.5, KILL_S), ("failed", *window)):
+            r, s = shares(real, arrival, t0, t1), shares(sim, arrival, t0, t1)
+            rows.append((arrival, label, r, s))
+            print(f"(f) {arrival:8} {label:6} real {r}  sim {s}")
+            assert r and s
+            for region in REGIONS:  # who serves what: the same shares, within 0.15
+                assert abs(r[region] - s[region]) <= 0.15, (arrival, label, region, r, s)
+    failed_real = shares(real, "eu-north", *window)
+    failed_sim = shares(sim, "eu-north", *window)
+    assert failed_real["eu-north"] == failed_sim["eu-north"] == 0.0  # its region could not serve it
+    assert (failed_real["eu-west"] > failed_real["us-east"]) == (failed_sim["eu-west"] > failed_sim["us-east"])
+
+
+def test_g_a_forwarded_request_costs_the_round_trip_and_the_gateway_hop(regions):
+    """chat-us runs only in us-east: asked at eu-west's gateway it is forwarded (150 ms round trip injected);
+    asked at us-east's own gateway it is served there. Alternating, from outside the namespaces (no link
+    delay to either gateway). Prints the hop's cost beside the injected round trip (BENCHMARKS.md)."""
+    from tests.regions_fixture import RTT_MS
+
+    body = {"model": "chat-us", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    auth = {"authorization": f"Bearer {regions.keys['user']}"}
+    times: dict[str, list[float]] = {"us-east": [], "eu-west": []}
+    with regions.admin("us-east") as direct, regions.admin("eu-west") as forwarded:
+        for i in range(43):
+            for name, c in (("us-east", direct), ("eu-west", forwarded)) if i % 2 else \
+                    (("eu-west", forwarded), ("us-east", direct)):
+                t0 = time.perf_counter()
+                r = c.post("/v1/chat/completions", json=body, headers=auth)
+                took = time.perf_counter() - t0
+                assert r.status_code == 200 and r.headers["x-argosy-region"] == "us-east", (name, r.text)
+                if i >= 3:  # the first ones open connections
+                    times[name].append(took)
+    rtt = RTT_MS["eu-west"]["us-east"] / 1000
+    direct_s, forwarded_s = median(times["us-east"]), median(times["eu-west"])
+    print(f"(g) {len(times['us-east'])} pairs, alternating: direct (us-east's gateway) median "
+          f"{direct_s * 1000:.1f} ms, "
+          f"forwarded (eu-west's gateway -> us-east) median {forwarded_s * 1000:.1f} ms; injected round trip "
+          f"{rtt * 1000:.0f} ms; the hop adds {(forwarded_s - direct_s - rtt) * 1000:.1f} ms besides it")
+    assert forwarded_s > direct_s  # it did cross the link
