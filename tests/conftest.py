@@ -1,4 +1,5 @@
 import os
+import secrets
 import tempfile
 
 import pytest
@@ -8,6 +9,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 # Gateways started by tests write their local admin credential here, never into the user's own state folder.
 os.environ.setdefault("ARGOSY_ADMIN_FILE", os.path.join(tempfile.mkdtemp(prefix="argosy-test-admin-"), "admin.json"))
+# Key hashes are keyed with this pepper here and in every gateway the tests start (they inherit it), so no
+# test writes ~/.config/argosy/key-pepper.
+os.environ.setdefault("ARGOSY_KEY_PEPPER", "argosy-test-pepper-" + secrets.token_hex(8))
 torch.set_num_threads(min(2, torch.get_num_threads()))
 
 
@@ -29,3 +33,8 @@ def tool_model_server(tmp_path_factory):
     model = make_tool_model(tmp_path_factory.mktemp("tool-model"))
     with ServerProcess(model, "--max-model-len", "1024", "--revision", "r7") as server:
         yield server
+
+
+# Triton's interpreter is chosen for the whole process when triton is imported: the tests that need it run
+# in a process of their own (tests/test_triton.py), never in this session.
+collect_ignore = [] if os.environ.get("TRITON_INTERPRET") == "1" else ["triton_interp"]

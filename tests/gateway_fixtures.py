@@ -31,6 +31,11 @@ ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
 
 
+def pepper_for_tests() -> bytes:
+    """The key pepper tests hash keys with (conftest sets ARGOSY_KEY_PEPPER; gateways inherit it)."""
+    return os.environ["ARGOSY_KEY_PEPPER"].encode()
+
+
 class Upstream:
     def __init__(self, args: argparse.Namespace):
         self.name = args.name
@@ -281,24 +286,45 @@ def start_gateway(config: dict, *args: str, env: dict | None = None) -> Proc:
         url = _wait_line(p, "argosy gateway listening on ")
     finally:
         os.unlink(path)
+    # It prints its address once bound, before its startup (Redis, sessions) ran: wait until it answers.
+    deadline = time.monotonic() + 60
+    while p.poll() is None and time.monotonic() < deadline:
+        try:
+            if httpx.get(url + "/health", timeout=2, verify=False).status_code == 200:
+                break
+        except httpx.HTTPError:
+            time.sleep(0.05)
+    if p.poll() is not None:
+        raise RuntimeError(f"gateway exited ({p.returncode}) at startup: {p.stderr.read()[-2000:]}")
     return Proc(p, url)
 
 
-def start_redis() -> tuple[subprocess.Popen, str]:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    p = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                          "--appendonly", "no"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), 0.2).close()
-            return p, f"redis://127.0.0.1:{port}/0"
-        except OSError:
+def start_redis(port: int | None = None) -> tuple[subprocess.Popen, str]:
+    """redis-server on a free port (or this one), once it answers PING. A probe that merely connects is
+    not enough: with no listener yet, a connect to a port in the ephemeral range can connect the socket
+    to itself, and redis then fails to bind; so the answer must be +PONG, and a redis that exited is
+    started again on another port."""
+    for _ in range(5):
+        if port is None:
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+            s.close()
+        p = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                              "--appendonly", "no"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and p.poll() is None:
+            try:
+                with socket.create_connection(("127.0.0.1", port), 0.5) as c:
+                    c.sendall(b"PING\r\n")
+                    if c.recv(16).startswith(b"+PONG"):
+                        return p, f"redis://127.0.0.1:{port}/0"
+            except OSError:
+                pass
             time.sleep(0.05)
-    p.kill()
+        p.kill()
+        p.wait(10)
+        port = None
     raise RuntimeError("redis-server did not start")
 
 

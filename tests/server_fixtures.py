@@ -30,7 +30,8 @@ class ServerProcess:
     """One engine server; `stop()` (or the context manager) ends it and everything it started.
     `extra` flags come last, so they override the defaults here (e.g. "--kv-cache-memory", "1")."""
 
-    def __init__(self, model: str, *extra: str, served_name: str = MODEL_NAME, timeout_s: float = 180.0):
+    def __init__(self, model: str, *extra: str, served_name: str = MODEL_NAME, timeout_s: float = 180.0,
+                 env: dict[str, str] | None = None, wait: bool = True):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.base_url = self.url + "/v1"
@@ -39,8 +40,17 @@ class ServerProcess:
         self._log = tempfile.NamedTemporaryFile(prefix="argosy-server-", suffix=".log", delete=False)
         cmd = [sys.executable, "-m", "argosy.server", "--model", model, "--served-model-name", served_name,
                "--host", "127.0.0.1", "--port", str(self.port), "--kv-cache-memory", "0.02", *extra]
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", **(env or {})}
         self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT)
+        if not wait:  # the caller calls wait_ready() (several servers then load at once)
+            return
+        try:
+            self._wait_ready(timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+
+    def wait_ready(self, timeout_s: float = 180.0) -> None:
         try:
             self._wait_ready(timeout_s)
         except BaseException:
@@ -67,6 +77,8 @@ class ServerProcess:
         return parse_metrics(httpx.get(self.url + "/metrics", timeout=10).text)
 
     def stop(self) -> None:
+        if self._log.closed:
+            return
         if self.proc.poll() is None:
             self.proc.terminate()
             try:

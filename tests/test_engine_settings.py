@@ -51,7 +51,7 @@ def test_every_setting_a_fleet_file_gives_reaches_the_replica():
              "gpu_memory_utilization": 0.5, "max_num_seqs": 8, "max_num_batched_tokens": 64, "max_model_len": 128,
              "enable_prefix_caching": False, "scheduling_policy": "priority", "seed": 7, "tensor_parallel_size": 2,
              "pipeline_parallel_size": 3, "distributed_executor_backend": "ray", "max_logprobs": 5,
-             "compile_matvec": True}
+             "compile_matvec": True, "quantization": "q4_0", "attention_backend": "sdpa", "enforce_eager": True}
     fleet_fields = {f.name for f in dataclasses.fields(EngineConfig)} - {"model", "usage"}
     assert set(given) == fleet_fields  # a new EngineConfig field gets a value here
     got = replica_config(given)
@@ -64,13 +64,15 @@ def test_the_flags_users_know_keep_their_names_short_forms_and_choices():
     args = ["-tp", "2", "-pp", "2", "--kv-cache-memory", "0.5", "--no-prefix-caching", "--compile-matvec",
             "--dtype", "float16", "--block-size", "8", "--distributed-executor-backend", "mp", "--scheduling-policy",
             "priority", "--max-model-len", "100", "--max-num-seqs", "3", "--seed", "5", "--device", "cpu",
-            "--max-num-batched-tokens", "64", "--gpu-memory-utilization", "0.8", "--max-logprobs", "4"]
+            "--max-num-batched-tokens", "64", "--gpu-memory-utilization", "0.8", "--max-logprobs", "4",
+            "--enforce-eager", "--attention-backend", "triton"]
     config = engine_config_from_args(engine_parser().parse_args(args), model="/ckpt")
     assert config == EngineConfig(
         model="/ckpt", tensor_parallel_size=2, pipeline_parallel_size=2, kv_cache_memory_gib=0.5,
         enable_prefix_caching=False, compile_matvec=True, dtype="float16", block_size=8,
         distributed_executor_backend="mp", scheduling_policy="priority", max_model_len=100, max_num_seqs=3, seed=5,
-        device="cpu", max_num_batched_tokens=64, gpu_memory_utilization=0.8, max_logprobs=4)
+        device="cpu", max_num_batched_tokens=64, gpu_memory_utilization=0.8, max_logprobs=4, enforce_eager=True,
+        attention_backend="triton")
     assert engine_config_from_args(engine_parser().parse_args(engine_flags(
         {name: getattr(config, name) for name in ("tensor_parallel_size", "kv_cache_memory_gib",
                                                  "enable_prefix_caching", "compile_matvec", "dtype")})),

@@ -109,6 +109,22 @@ def test_scale_to_zero_only_after_the_idle_time_and_back_at_the_first_request():
     assert d.desired == 1 and d.direction == "up"
 
 
+def test_a_starting_replica_is_not_scaled_to_zero_before_it_could_serve():
+    # A first replica with a cold start longer than scale_to_zero_after_s: no load while it starts, yet
+    # the idle countdown waits until it is ready, then runs its full length.
+    c = Clock()
+    a = Autoscaler(cfg(min_replicas=0, scale_to_zero_after_s=5, stable_window_s=10, panic_window_s=2), c)
+    for _ in range(60):  # 60 s of cold start, nothing ready, one replica starting
+        c.t += 1
+        a.observe(Observation(concurrency=0), 0)
+        d = a.decide(0, 1)
+        assert d.desired == 1, d.reason
+    d = run(a, c, 0, 4, ready=1)
+    assert d.desired == 1
+    d = run(a, c, 0, 2, ready=1)
+    assert d.desired == 0 and d.kind == "idle"
+
+
 def test_other_metrics():
     c = Clock()
     a = Autoscaler(cfg(metric="kv_cache", target=0.8, target_utilization=1.0), c)

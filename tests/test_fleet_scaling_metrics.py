@@ -61,9 +61,10 @@ def test_decisions_carry_their_kind_and_the_bound_that_moved_them():
 
 
 def test_each_metric_reads_its_sample_from_the_registry():
-    o = Observation(concurrency=3, rps=5, queue=7, kv_cache=0.25)
+    o = Observation(concurrency=3, rps=5, queue=7, kv_cache=0.25, tokens=900)
     assert {name: m.value_fn(o, 4) for name, m in METRICS.items()} == {
-        "concurrency": 3, "rps": 5, "queue": 7, "kv_cache": 1.0}  # KV in use, in replicas' worth
+        "concurrency": 3, "rps": 5, "queue": 7, "kv_cache": 1.0,  # KV in use, in replicas' worth
+        "tokens": 900}  # the encoders' default (issue 19)
     with pytest.raises(FleetConfigError, match="autoscaling.metric"):
         parse_fleet({"models": [{"name": "m", "autoscaling": {"metric": "latency"}}]})
     with pytest.raises(FleetConfigError, match="fraction of a replica's KV cache"):

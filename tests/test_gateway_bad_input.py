@@ -26,7 +26,8 @@ def gateway(upstream):
     gw = start_gateway({"models": [{
         "name": "m", "admission": {"max_in_flight": 2, "max_queue": 4, "queue_timeout_s": 1},
         "traffic": [{"revision": "v1", "weight": 1, "upstreams": [upstream.url]},
-                    {"revision": "v2", "weight": 1, "upstreams": [upstream.url]}]}]})
+                    {"revision": "v2", "weight": 1, "upstreams": [upstream.url]}]},
+        {"name": "e", "kind": "embed", "upstreams": [upstream.url]}]})  # embeddings go to an embedding model
     yield gw
     gw.stop()
 
@@ -52,7 +53,7 @@ def test_three_bad_requests_leave_the_model_serving(gateway):
 
 GOOD = {"/v1/completions": {"model": "m", "prompt": "hi", "max_tokens": 2},
         "/v1/chat/completions": {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
-        "/v1/embeddings": {"model": "m", "input": "hi"}}
+        "/v1/embeddings": {"model": "e", "input": "hi"}}
 CASES = [  # (path, field, bad value, the param the error names)
     ("/v1/completions", "model", 7, "model"),
     ("/v1/completions", "model", ["m"], "model"),

@@ -8,7 +8,7 @@ import openai
 import pytest
 
 from argosy.gateway.keys import new_key
-from tests.gateway_fixtures import start_gateway, start_redis, start_upstream
+from tests.gateway_fixtures import pepper_for_tests, start_gateway, start_redis, start_upstream
 
 
 def post(url, model="m", key=None, headers=None, **body):
@@ -76,8 +76,8 @@ def fast_up():
 
 
 def test_keys_models_and_admin(fast_up):
-    ka, ha = new_key()
-    kadm, hadm = new_key()
+    ka, ha = new_key(pepper_for_tests())
+    kadm, hadm = new_key(pepper_for_tests())
     gw = start_gateway({"keys": [{"name": "team-a", "hash": ha, "models": ["m"]}], "admin_key_hash": hadm,
                         "models": [{"name": "m", "upstreams": [fast_up.url]},
                                    {"name": "other", "upstreams": [fast_up.url]}]})
@@ -103,8 +103,8 @@ def test_keys_models_and_admin(fast_up):
 
 
 def test_rpm_and_tpm_under_concurrency(fast_up):
-    k1, h1 = new_key()
-    k2, h2 = new_key()
+    k1, h1 = new_key(pepper_for_tests())
+    k2, h2 = new_key(pepper_for_tests())
     gw = start_gateway({"keys": [{"name": "r", "hash": h1, "rpm": 5}, {"name": "t", "hash": h2, "tpm": 100}],
                         "models": [{"name": "m", "upstreams": [fast_up.url]}]})
     try:
@@ -124,7 +124,7 @@ def test_rpm_and_tpm_under_concurrency(fast_up):
 
 def test_two_gateways_share_one_limit_through_redis(fast_up):
     rp, rurl = start_redis()
-    key, h = new_key()
+    key, h = new_key(pepper_for_tests())
     cfg = {"gateway": {"redis_url": rurl}, "keys": [{"name": "shared", "hash": h, "rpm": 6}],
            "models": [{"name": "m", "upstreams": [fast_up.url]}]}
     g1 = g2 = None

@@ -10,7 +10,6 @@ from argosy.gateway.admission import Admission
 from argosy.gateway.errors import GatewayError
 from argosy.gateway.guardrails import Blocked, Guardrails, StreamGuard, iban_ok, luhn_ok
 from argosy.gateway.health import OPEN, Upstream
-from argosy.gateway.keys import KeyRecord, KeyStore, new_key, verify
 from argosy.gateway.prefix_index import PrefixIndex, prefix_hashes
 from argosy.gateway.ratelimit import MemoryLimiter
 from argosy.gateway.router import Router, RouteRequest
@@ -144,17 +143,6 @@ def test_admission_priority_timeout_and_queue_bound():
         a.release()
         assert a.in_flight == 0 and a.waiting == 0
     asyncio.run(main())
-
-
-def test_keys_hashed_and_verified():
-    key, h = new_key()
-    assert key not in h and h.startswith("scrypt:")
-    assert verify(key, h) and not verify(key + "x", h)
-    store = KeyStore([KeyRecord("team-a", h, ["chat"], 10, None)])
-    assert store.lookup(key).name == "team-a"
-    assert store.lookup(key).name == "team-a"  # cached
-    assert store.lookup(key[:-1] + ("A" if key[-1] != "A" else "B")) is None
-    assert store.lookup("garbage") is None
 
 
 def test_memory_limiter_rpm_tpm_and_reconcile():

@@ -16,7 +16,7 @@ from tests.test_observe_fleet import documented
 
 PROM = ROOT / "deploy" / "prometheus"
 STATIC = ROOT / "argosy" / "observe" / "static"
-SERIES = re.compile(r"\b(argosy_(?:gateway|fleet)_[a-z0-9_]+|vllm:[a-z0-9_]+)")
+SERIES = re.compile(r"\b(argosy_(?:gateway|fleet|gpu|host)_[a-z0-9_]+|vllm:[a-z0-9_]+|DCGM_FI_DEV_[A-Z0-9_]+)")
 
 
 def series_in(expr: str) -> set[str]:
@@ -45,7 +45,8 @@ def test_each_alert_fires_on_its_synthetic_history():
     tested = {t["alertname"] for case in yaml.safe_load((PROM / "alerts_test.yml").read_text())["tests"]
               for t in case["alert_rule_test"]}
     assert {"ArgosyTTFTBudgetBurnFast", "ArgosyGatewayQueueGrowing", "ArgosyKVCacheNearFull",
-            "ArgosyReplicaFlapping", "ArgosyErrorRate"} <= tested
+            "ArgosyReplicaFlapping", "ArgosyErrorRate", "ArgosyGPUThrottled", "ArgosyGPUMemoryPressure",
+            "ArgosyHostMemoryPressure", "ArgosyGPUXidError"} <= tested
 
 
 def test_grafana_and_alerts_name_only_documented_series():
@@ -61,7 +62,7 @@ def test_grafana_and_alerts_name_only_documented_series():
             assert names, f"{panel['title']}: {t['expr']} names no series"
             assert names <= docs.keys(), f"{panel['title']}: undocumented {names - docs.keys()}"
             used |= names
-    for part in ("argosy_gateway_", "argosy_fleet_", "vllm:"):
+    for part in ("argosy_gateway_", "argosy_fleet_", "vllm:", "DCGM_FI_DEV_", "argosy_gpu_", "argosy_host_"):
         assert any(n.startswith(part) for n in used), f"the dashboard shows no {part}* series"
     rules = [r for g in yaml.safe_load((PROM / "alerts.yml").read_text())["groups"] for r in g["rules"]]
     for r in rules:

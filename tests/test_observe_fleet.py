@@ -25,7 +25,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.fleet_fixtures import ROOT, Serve, ready, tiny_fleet
 
 pytestmark = pytest.mark.timeout(180)
-SCHEME = re.compile(r"^(argosy_gateway_[a-z0-9_]+|argosy_fleet_[a-z0-9_]+|vllm:[a-z0-9_]+)$")
+SCHEME = re.compile(r"^(argosy_gateway_[a-z0-9_]+|argosy_fleet_[a-z0-9_]+|argosy_rollout_[a-z0-9_]+|vllm:[a-z0-9_]+"
+                    r"|argosy_(gpu|host)_[a-z0-9_]+|DCGM_FI_DEV_[A-Z0-9_]+)$")
 CHROMIUM = next((p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome")) if p), None)
 
 
@@ -98,9 +99,11 @@ def test_every_series_follows_the_scheme_and_is_documented(serve):
     series = {**scraped(httpx.get(serve.url + "/metrics", timeout=10).text),
               **scraped(httpx.get(replica_url + "/metrics", timeout=10).text)}
     for name, (kind, labels) in series.items():
-        assert SCHEME.match(name), f"{name}: not argosy_gateway_*, argosy_fleet_* or vllm:*"
+        assert SCHEME.match(name), (f"{name}: not argosy_gateway_*, argosy_fleet_*, argosy_rollout_*, vllm:* or a "
+                                    "device's series")
         assert not name.endswith("_created"), name
-        assert (kind == "counter") == name.endswith("_total"), f"{name}: counters and only counters end in _total"
+        if not name.startswith("DCGM_"):  # dcgm-exporter's own names are kept as they are
+            assert (kind == "counter") == name.endswith("_total"), f"{name}: counters and only counters end in _total"
         if kind == "histogram":
             assert name.endswith(("_seconds", "_bytes")), f"{name}: a histogram names its unit"
         assert name in docs, f"{name} is not in docs/metrics.md"
@@ -111,6 +114,7 @@ def test_every_series_follows_the_scheme_and_is_documented(serve):
                  "argosy_fleet_actual_replicas", "argosy_fleet_replicas", "argosy_fleet_scaling_decisions_total",
                  "argosy_fleet_cold_start_seconds", "vllm:kv_cache_usage_perc", "vllm:time_to_first_token_seconds"):
         assert name in series and series[name][1], f"{name} has no samples on a fleet that served requests"
+    assert {"argosy_host_cpu_usage_perc", "argosy_host_replica_resident_bytes"} <= series.keys()  # no labels
     samples = [s for fam in text_string_to_metric_families(httpx.get(serve.url + "/metrics", timeout=10).text)
                for s in fam.samples]
     assert {s.labels.get("key_class") for s in samples if s.name == "argosy_gateway_requests_total"} == {"none"}
@@ -177,6 +181,7 @@ def test_dashboard_renders_live_data_in_headless_chromium(serve, tmp_path):
     assert any(x for x in d["series"]["ttft_p99_s"]["tiny"])
     assert d["models"][0]["replicas"][0]["state"] == "ready"
     assert d["models"][0]["replicas"][0]["kv_cache_usage"] is not None
+    assert 0 < d["models"][0]["replicas"][0]["device_memory"] < 1
     assert any(x["direction"] == "up" for x in d["decisions"])
     r = httpx.get(serve.url + "/dashboard/nope.js", timeout=10)
     assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
@@ -193,7 +198,8 @@ def test_dashboard_renders_live_data_in_headless_chromium(serve, tmp_path):
     assert polls >= 2, "the page did not poll again without a reload"
     charts = {m.group(1): dict(re.findall(r'data-(\w+)="([^"]*)"', m.group(0)))
               for m in re.finditer(r'<div class="chart" data-chart="(\w+)"[^>]*>', dom)}
-    for name in ("requests_per_s", "ttft", "itl", "queue_depth", "kv_cache_usage", "replicas"):
+    for name in ("requests_per_s", "ttft", "itl", "queue_depth", "kv_cache_usage", "replicas", "device_busy",
+                 "device_memory"):  # a CPU replica's device is its host
         assert int(charts[name]["points"]) >= 3, (name, charts[name])
     for name in ("requests_per_s", "ttft", "itl", "replicas"):
         assert charts[name]["nonzero"] == "true", (name, charts[name])

@@ -99,18 +99,44 @@ def test_roofline_hand_computed():
     # 2*1000*64; final norm 64.
     assert shape.params == 2 * 36992 + 128000 + 64 == 202048
     assert shape.kv_bytes_per_token_per_byte == 2 * 2 * 2 * 16
+    assert shape.attn_flops_per_pair == 4 * 2 * 4 * 16
     p = roofline_profile("H100", shape, 1, RooflineSettings(compute_efficiency=0.5, memory_efficiency=0.5,
                                                             step_overhead_s=0.001))
     flops, bw = 989e12 * 0.5, 3350e9 * 0.5
-    assert p.per_prefill_token_s == pytest.approx(2 * 202048 / flops)
-    assert p.mem_base_s == pytest.approx(2 * 202048 / bw)
+    matmul = 202048 - 64000  # the untied input embedding is gathered, not multiplied nor read whole
+    assert p.per_decode_seq_s == pytest.approx(2 * matmul / flops)
+    assert p.per_prefill_token_s == pytest.approx(2 * (matmul - 64000) / flops)  # prompt tokens skip the LM head
+    assert p.mem_base_s == pytest.approx(2 * matmul / bw)
     assert p.per_kv_token_s == pytest.approx(128 * 2 / bw)
-    # One decode of 1 sequence at 1000 tokens of context: memory-bound.
-    assert p.step_s(0, 1, 1000) == pytest.approx(0.001 + (2 * 202048 + 1000 * 256) / bw)
-    # A prefill of 100k tokens: compute-bound.
-    assert p.step_s(100_000, 0, 100_000) == pytest.approx(0.001 + 100_000 * 2 * 202048 / flops)
+    # One decode of 1 sequence at 1000 tokens of context: memory-bound (weights, then the KV cache).
+    assert p.step_s(0, 1, 1000) == pytest.approx(0.001 + (2 * matmul + 1000 * 256) / bw)
+    # A big decode batch: its matmuls are compute-bound, and attention still reads the whole KV cache.
+    assert p.step_s(0, 10_000, 10_000_000) == pytest.approx(0.001 + 10_000 * 2 * matmul / flops + 10_000_000 * 256 / bw)
+    assert p.decode_run_s(10_000, 10_000_000, 2) == pytest.approx([p.step_s(0, 10_000, 10_000_000),
+                                                                   p.step_s(0, 10_000, 10_010_000)])
+    # A prefill of 100k tokens: compute-bound matmuls, then causal attention over 100k x 50k pairs.
+    pairs = 100_000 * 50_000
+    assert p.step_s(100_000, 0, 100_000, pairs) == pytest.approx(
+        0.001 + 100_000 * 2 * (matmul - 64000) / flops + pairs * 512 / flops)
     with pytest.raises(ValueError, match="does not fit"):
         roofline_profile("L40S", ModelShape("huge", 70e9, 80, 2 * 80 * 8 * 128))
+
+
+def test_catalogue_llama_2_70b_is_mlperfs_model_and_a_roofline_step_reads_its_kv_after_its_matmuls():
+    from argosy.sim.profile import model_shape
+
+    shape = model_shape("llama-2-70b")  # MLPerf Inference's llama2-70b: 68.98B parameters, GQA with 8 KV heads
+    assert shape.params == 68_976_648_192
+    assert shape.kv_bytes_per_token_per_byte == 2 * 80 * 8 * 128
+    p = roofline_profile("H100", shape, 2, RooflineSettings(dtype="fp8", step_overhead_s=0.0, tp_overhead_s=0.0))
+    # TP 2 over NVLink (900 GB/s both ways, 70% of it): each layer all-reduces 16-bit activations twice, a
+    # ring moving 2 (tp - 1) / tp of them each way.
+    assert p.per_token_comm_s == pytest.approx(2 * 80 * 8192 * 2 * 2 * (1 / 2) / (450e9 * 0.7))
+    matmuls, kv = p.per_decode_seq_s * 896, p.per_kv_token_s * 896 * 400
+    # 896 decodes at 400 tokens of context (MLPerf's batch): compute-bound matmuls, their all-reduces, and
+    # the KV read besides.
+    assert matmuls > p.mem_base_s
+    assert p.step_s(0, 896, 896 * 400) == pytest.approx(matmuls + 896 * p.per_token_comm_s + kv)
 
 
 def test_week_levels_and_their_weights():

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from argosy.engine.attention import AttentionBackend, AttentionMetadata, PrefillChunk
+from argosy.engine.host_tensors import to_device
 from argosy.engine.sequence import Sequence
 
 
@@ -45,6 +46,7 @@ def prepare_batch(scheduled: list[tuple[Sequence, int]], block_size: int, device
             sample_rows.append(len(input_ids) - 1)
             sampling_seqs.append(seq)
     chunks: list[PrefillChunk] = []
+    chunk_tables: list[list[int]] = []
     for seq, n in prefills:
         start = seq.num_computed_tokens
         end = start + n
@@ -54,23 +56,28 @@ def prepare_batch(scheduled: list[tuple[Sequence, int]], block_size: int, device
         ids = seq.block_ids
         slots.extend(ids[p // bs] * bs + p % bs for p in range(start, end))
         table = mask = None
+        chunk_tables.append(ids[: (end + bs - 1) // bs])
         if start:  # earlier tokens are in the cache: read them through the block table
-            table = torch.tensor(ids[: (end + bs - 1) // bs], dtype=torch.long, device=device)
+            table = to_device(chunk_tables[-1], torch.long, device)
             # Query i sits at position start + i and sees keys up to that position.
             mask = torch.ones(n, end, dtype=torch.bool, device=device).tril(start)
         chunks.append(PrefillChunk(q_start, n, end, table, mask))
         if end == seq.num_tokens:
             sample_rows.append(len(input_ids) - 1)
             sampling_seqs.append(seq)
+    # One host-to-device copy for the four per-token arrays (on CUDA: queued, no sync; host_tensors.py).
+    t = len(input_ids)
+    flat = to_device(input_ids + positions + slots + sample_rows, torch.long, device)
     meta = AttentionMetadata(
-        slot_mapping=torch.tensor(slots, dtype=torch.long, device=device),
+        slot_mapping=flat[2 * t:3 * t],
         decode_groups=attention.decode_groups(decode_tables, decode_lens),
         prefills=chunks,
     )
+    meta.packed_prefills = attention.pack_prefills(chunks, chunk_tables) if chunks else None
     return BatchInputs(
-        input_ids=torch.tensor(input_ids, dtype=torch.long, device=device),
-        positions=torch.tensor(positions, dtype=torch.long, device=device),
+        input_ids=flat[:t],
+        positions=flat[t:2 * t],
         meta=meta,
-        sample_indices=torch.tensor(sample_rows, dtype=torch.long, device=device),
+        sample_indices=flat[3 * t:],
         sampling_seqs=sampling_seqs,
     )

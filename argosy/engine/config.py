@@ -62,13 +62,31 @@ class EngineConfig:
     # about 2x on a single stream, at the price of a compile when the engine starts.
     compile_matvec: bool = setting(False, "CPU: one-token steps through a compiled matrix-vector product (~2x "
                                           "single stream; compiles at start)")
+    # CPU: a float checkpoint's linear layers quantized at load to GGML blocks (engine/quantize.py); a
+    # GGUF file's quantized tensors stay as they are without it.
+    quantization: str | None = setting(None, "CPU: quantize a float checkpoint's linear layers at load (q8_0 or "
+                                             "q4_0); a GGUF file keeps its own", choices=("q8_0", "q4_0"))
+    # The attention kernels (engine/attention/): None picks the best registered one for the device and dtype
+    # (triton on CUDA where triton is installed, cpu_kernel on the CPU in float32, else sdpa).
+    attention_backend: str | None = setting(
+        None, "attention kernels: triton, cpu_kernel or sdpa (default: the best for the device and dtype)",
+        pattern=(r"[a-z0-9_]+", "a backend's name (triton, cpu_kernel, sdpa)"))
+    # CUDA graphs (engine/cuda_graphs.py): decode steps replayed from graphs captured at start, one per
+    # batch-size bucket up to max_num_seqs (at most 256); mixed and prefill steps run eagerly.
+    enforce_eager: bool = setting(False, "CUDA: no CUDA graphs (decode steps launch their kernels one by one)")
 
     def __post_init__(self) -> None:
         if isinstance(self.model, os.PathLike):
             object.__setattr__(self, "model", os.fspath(self.model))
+        from argosy.engine.model_names import resolve_model
+
+        object.__setattr__(self, "model", resolve_model(self.model))  # `builtin`, `smollm2`: their paths
         for name, declared in settings_of(EngineConfig).items():
             # Stored as checked: an int given for a float becomes the float.
             object.__setattr__(self, name, declared.check(getattr(self, name)))
+        if str(self.model).lower().endswith(".gguf") and self.tensor_parallel_size * self.pipeline_parallel_size > 1:
+            raise ValueError("a GGUF checkpoint runs on one rank: tensor/pipeline parallelism needs a Hugging Face "
+                             "folder")
 
     def resolved_device(self) -> torch.device:
         import torch

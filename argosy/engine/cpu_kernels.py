@@ -10,6 +10,12 @@
 The shared library is cached under ~/.cache/argosy/kernels, keyed by the sources, the flags, the
 compiler and the CPU (it is built with -march=native). Where building fails, or with
 ARGOSY_CPU_KERNELS=0, the engine logs it and keeps plain PyTorch (gather + SDPA, oneDNN linears).
+
+Container images carry the library prebuilt for a named target instead (no compiler at run time):
+`python -m argosy.engine.cpu_kernels --march x86-64-v3 --out DIR` writes DIR/argosy-cpu.so and a
+.target file beside it, and ARGOSY_CPU_KERNELS_LIB names it. It is loaded only on a CPU that has the
+target's instructions (else the engine keeps plain PyTorch, as above): an AVX2 library on an older CPU
+would die on its first call with SIGILL rather than fail to load.
 """
 
 from __future__ import annotations
@@ -44,19 +50,56 @@ def _cpu_identity() -> str:
         return os.uname().machine
 
 
-def _build(compiler: str) -> Path:
+# /proc/cpuinfo flags a prebuilt library's -march needs (the x86-64 psABI levels; a subset that tells them apart).
+TARGET_FLAGS = {"x86-64": set(), "x86-64-v2": {"sse4_2", "popcnt", "ssse3"},
+                "x86-64-v3": {"sse4_2", "popcnt", "avx", "avx2", "fma", "bmi2", "f16c"},
+                "x86-64-v4": {"avx2", "fma", "avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"}}
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((set(line.split(":", 1)[1].split()) for line in f if line.startswith("flags")), set())
+    except OSError:
+        return set()
+
+
+def build_for_target(out_dir: str | Path, march: str, compiler: str = "cc") -> Path:
+    """Builds the library for `march` (a TARGET_FLAGS name) into out_dir/argosy-cpu.so, with its .target."""
+    if march not in TARGET_FLAGS:
+        raise ValueError(f"unknown target {march!r}; one of {', '.join(TARGET_FLAGS)}")
+    out = Path(out_dir) / "argosy-cpu.so"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    flags = [f"-march={march}" if f == "-march=native" else f for f in FLAGS]
+    subprocess.run([compiler, *flags, *map(str, SOURCES), "-o", str(out)], check=True, timeout=300)
+    out.with_suffix(".target").write_text(march + "\n")
+    return out
+
+
+def _prebuilt(path: str) -> Path:
+    """ARGOSY_CPU_KERNELS_LIB: the library, if this CPU runs its target's instructions."""
+    lib = Path(path)
+    target = lib.with_suffix(".target")
+    march = target.read_text().strip() if target.exists() else "?"
+    missing = TARGET_FLAGS.get(march, {"?"}) - _cpu_flags()
+    if missing:
+        raise RuntimeError(f"{lib} is built for {march}; this CPU lacks {', '.join(sorted(missing))}")
+    return lib
+
+
+def _build(compiler: str, sources: list[Path] = SOURCES, flags: list[str] = FLAGS, stem: str = "argosy-cpu") -> Path:
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=True).stdout
-    parts = [*(s.read_text() for s in SOURCES), *FLAGS, version, _cpu_identity()]
+    parts = [*(s.read_text() for s in sources), *flags, version, _cpu_identity()]
     key = hashlib.sha256("\0".join(parts).encode()).hexdigest()
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "argosy" / "kernels"
-    target = cache / f"argosy-cpu-{key[:16]}.so"
+    target = cache / f"{stem}-{key[:16]}.so"
     if target.exists():
         return target
     cache.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=cache, suffix=".so")
     os.close(fd)
     try:
-        subprocess.run([compiler, *FLAGS, *map(str, SOURCES), "-o", tmp], capture_output=True, text=True,
+        subprocess.run([compiler, *flags, *map(str, sources), "-o", tmp], capture_output=True, text=True,
                        check=True, timeout=120)
         os.replace(tmp, target)  # atomic: a process building the same kernels at once loses nothing
     finally:
@@ -70,10 +113,14 @@ def _library() -> ctypes.CDLL | None:
     if os.environ.get("ARGOSY_CPU_KERNELS", "1") == "0":
         return None
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    prebuilt = os.environ.get("ARGOSY_CPU_KERNELS_LIB")
     try:
-        if compiler is None:
+        if prebuilt:
+            lib = ctypes.CDLL(str(_prebuilt(prebuilt)))
+        elif compiler is None:
             raise RuntimeError("no C compiler (cc or gcc) on PATH")
-        lib = ctypes.CDLL(str(_build(compiler)))
+        else:
+            lib = ctypes.CDLL(str(_build(compiler)))
     except (OSError, RuntimeError, subprocess.SubprocessError) as e:
         detail = getattr(e, "stderr", "") or e
         logger.warning("CPU kernels unavailable (%s); using plain PyTorch (gather + SDPA, oneDNN linears)", detail)
@@ -164,3 +211,15 @@ def write_kv(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slots: to
                                   slots.data_ptr(), rows, heads * dim, num_slots)
     if bad:
         raise IndexError(f"{bad} KV slot(s) outside the cache's {num_slots}")
+
+
+if __name__ == "__main__":  # image builds: python -m argosy.engine.cpu_kernels --march x86-64-v3 --out DIR
+    import argparse
+
+    ap = argparse.ArgumentParser(description="build the CPU kernels for a target, for a container image")
+    ap.add_argument("--march", default="x86-64-v3", choices=sorted(TARGET_FLAGS))
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--cc", default=os.environ.get("CC", "cc"))
+    args = ap.parse_args()
+    built = build_for_target(args.out, args.march, args.cc)
+    print(f"built {built} for {built.with_suffix('.target').read_text().strip()}")

@@ -10,6 +10,7 @@ from dataclasses import fields
 
 from argosy.engine.config import EngineConfig
 from argosy.engine.llm_engine import LLMEngine
+from argosy.engine.loader import Checkpoint
 from argosy.engine.outputs import RequestOutput
 from argosy.engine.sampling_params import SamplingParams
 
@@ -24,7 +25,7 @@ class LLM:
         # vLLM spellings that mean the same here.
         if "kv_cache_memory" in kwargs:
             kwargs["kv_cache_memory_gib"] = kwargs.pop("kv_cache_memory")
-        for ignored in ("tokenizer", "trust_remote_code", "enforce_eager"):
+        for ignored in ("tokenizer", "trust_remote_code"):
             kwargs.pop(ignored, None)
         kwargs.setdefault("usage", "offline")
         unknown = set(kwargs) - known
@@ -33,14 +34,15 @@ class LLM:
         self._start(EngineConfig(model=model, **kwargs))
 
     @classmethod
-    def from_config(cls, config: EngineConfig) -> LLM:
-        """An LLM over a whole EngineConfig (built from flags, say), taken as it is."""
+    def from_config(cls, config: EngineConfig, checkpoint: Checkpoint | None = None) -> LLM:
+        """An LLM over a whole EngineConfig (built from flags, say), taken as it is; checkpoint: one already
+        opened or built in memory (default: config.model's)."""
         llm = cls.__new__(cls)
-        llm._start(config)
+        llm._start(config, checkpoint)
         return llm
 
-    def _start(self, config: EngineConfig) -> None:
-        self.engine = LLMEngine(config)
+    def _start(self, config: EngineConfig, checkpoint: Checkpoint | None = None) -> None:
+        self.engine = LLMEngine(config, checkpoint=checkpoint)
         self._ids = itertools.count()
 
     def close(self) -> None:

@@ -15,7 +15,7 @@ from argosy.engine.config import EngineConfig
 from argosy.engine.detokenizer import IncrementalDetokenizer
 from argosy.engine.errors import InvalidRequestError
 from argosy.engine.kv_cache_manager import KVCacheManager
-from argosy.engine.loader import open_checkpoint
+from argosy.engine.loader import Checkpoint, open_checkpoint
 from argosy.engine.model_runner import ModelRunner, Runner
 from argosy.engine.outputs import CompletionOutput, RequestOutput
 from argosy.engine.sampler import Sampler
@@ -27,10 +27,12 @@ from argosy.engine.structured.matcher import SequenceGrammar
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig, served_model_name: str | None = None):
+    def __init__(self, config: EngineConfig, served_model_name: str | None = None,
+                 checkpoint: Checkpoint | None = None):
+        """checkpoint: one already opened, or built in memory (bench/gpu_check.py); default: config.model's."""
         self.config = config
         self.model_name = served_model_name or Path(config.model).name
-        checkpoint = open_checkpoint(config.model)  # a missing folder or config.json is named first
+        checkpoint = checkpoint or open_checkpoint(config.model)  # a missing folder or config.json is named first
         self.tokenizer = checkpoint.tokenizer()
         self.runner: Runner
         if config.tensor_parallel_size * config.pipeline_parallel_size == 1:

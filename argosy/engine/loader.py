@@ -14,6 +14,7 @@ import torch
 
 from argosy.engine.checkpoint import ModelConfig, iter_weights, load_model_config
 from argosy.engine.config import EngineConfig
+from argosy.engine.gguf.file import is_gguf
 from argosy.engine.models.llama import LlamaForCausalLM, rope_inv_freq
 from argosy.engine.platforms import Platform
 from argosy.engine.tokenizer import Tokenizer
@@ -48,18 +49,32 @@ class HFCheckpoint:
 def open_checkpoint(path: str | Path) -> Checkpoint:
     """Reads the checkpoint's config (a missing folder or config.json is named here, before anything
     else is read); the weights and tokenizer are read when asked for. Raises CheckpointError."""
+    if is_gguf(path):
+        from argosy.engine.gguf.file import gguf_model_config
+        from argosy.engine.gguf.loader import GGUFCheckpoint
+
+        return GGUFCheckpoint(str(path), gguf_model_config(path))
     return HFCheckpoint(str(path), load_model_config(path))
 
 
 def load_model(checkpoint: Checkpoint, config: EngineConfig, device: torch.device, dtype: torch.dtype,
                platform: Platform) -> LlamaForCausalLM:
     """The model on device in dtype, its weights loaded, tuned by the platform; in eval mode."""
-    with torch.device("meta"):
-        model = LlamaForCausalLM(checkpoint.config)
-    model = model.to_empty(device=device).to(dtype)
-    platform.place_weights(model)
-    # to_empty left the rotary frequencies uninitialised; they stay float32 in any model dtype.
-    model.inv_freq = rope_inv_freq(checkpoint.config).to(device)
-    model.load_weights(checkpoint.weights(device))
+    if is_gguf(checkpoint.path):  # quantized weights stay in their blocks on the CPU (engine/gguf/loader.py)
+        from argosy.engine.gguf.loader import build_gguf_model
+
+        model = build_gguf_model(checkpoint.path, checkpoint.config, device, dtype, platform.place_weights)
+    else:
+        with torch.device("meta"):
+            model = LlamaForCausalLM(checkpoint.config)
+        model = model.to_empty(device=device).to(dtype)
+        platform.place_weights(model)
+        # to_empty left the rotary frequencies uninitialised; they stay float32 in any model dtype.
+        model.inv_freq = rope_inv_freq(checkpoint.config).to(device)
+        model.load_weights(checkpoint.weights(device))
+    if config.quantization:
+        from argosy.engine.quantize import quantize_linears
+
+        quantize_linears(model, config.quantization, device, dtype)
     platform.tune_model(model, config, dtype)
     return model.eval()

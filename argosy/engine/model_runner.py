@@ -8,15 +8,25 @@ each a parallel/worker.py Worker, which shares RunnerBase with ModelRunner).
 
 from __future__ import annotations
 
+from collections.abc import Sequence as Steps
 from typing import Protocol
 
 import torch
 
-from argosy.engine.attention import AttentionBackend, AttentionContext, create_backend
+from argosy.engine.attention import (
+    AttentionBackend,
+    AttentionContext,
+    AttentionMetadata,
+    create_backend,
+    select_backend,
+)
 from argosy.engine.batch import BatchInputs, prepare_batch
 from argosy.engine.checkpoint import ModelConfig
 from argosy.engine.config import EngineConfig
+from argosy.engine.cuda_graphs import DecodeGraphs, GraphCapture, capture_sizes
+from argosy.engine.dummy_steps import largest_decode, largest_step
 from argosy.engine.loader import Checkpoint, load_model, open_checkpoint
+from argosy.engine.memory_profile import ProfileStep
 from argosy.engine.models.llama import Attention
 from argosy.engine.platforms import Platform, platform_for
 from argosy.engine.platforms.base import resolve_dtype
@@ -62,12 +72,13 @@ class RunnerBase:
         elem = torch.finfo(self.dtype).bits // 8
         return 2 * len(self.model.layers) * self.block_size * self.num_kv_heads * self.model_config.head_dim * elem
 
-    def kv_cache_blocks(self) -> int:
-        """Blocks that the KV cache budget holds: kv_cache_memory_gib, else the platform's default."""
+    def kv_cache_blocks(self, profile: Steps[ProfileStep] = ()) -> int:
+        """Blocks that the KV cache budget holds: kv_cache_memory_gib, else the platform's default (on
+        CUDA: what is left once the profile's steps have run; memory_profile.py)."""
         if self.config.kv_cache_memory_gib is not None:
             budget = self.config.kv_cache_memory_gib * GIB
         else:
-            budget = self.platform.kv_cache_budget(self.config)
+            budget = self.platform.kv_cache_budget(self.config, profile)
         num_blocks = int(budget // self.kv_bytes_per_block())
         if num_blocks < 2:
             raise ValueError(
@@ -76,15 +87,18 @@ class RunnerBase:
             )
         return num_blocks
 
-    def allocate_kv_cache(self, num_blocks: int) -> None:
+    def allocate_kv_cache(self, num_blocks: int, spare_blocks: int = 0) -> None:
+        """num_blocks for the KV cache manager, and spare_blocks after them that it never hands out
+        (the padding rows of CUDA graphs write there)."""
         self.num_blocks = num_blocks
-        shape = (2, num_blocks, self.block_size, self.num_kv_heads, self.model_config.head_dim)
+        shape = (2, num_blocks + spare_blocks, self.block_size, self.num_kv_heads, self.model_config.head_dim)
         self.kv_caches = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in self.model.layers]
         self.use_attention()
 
     def use_attention(self, name: str | None = None) -> AttentionBackend:
-        """Puts the named attention backend (default: the best for this device and dtype) in every layer
-        and in the batch layout."""
+        """Puts the named attention backend (default: the engine's attention_backend setting, else the best
+        for this device and dtype) in every layer and in the batch layout."""
+        name = name or self.config.attention_backend
         ctx = AttentionContext(self.device, self.dtype, self.block_size,
                                self.kv_bytes_per_block() // len(self.kv_caches), self.platform.decode_copy_bytes)
         self.attention = create_backend(ctx, name)
@@ -113,11 +127,34 @@ class ModelRunner(RunnerBase):
         self.block_size = config.block_size
         self.num_kv_heads = self.model_config.num_kv_heads
         self.model = load_model(checkpoint, config, self.device, self.dtype, self.platform)
-        self.allocate_kv_cache(self.kv_cache_blocks())
+        self.graphs: DecodeGraphs | None = None
+        backend = select_backend(self.device, self.dtype, config.attention_backend)
+        capture = None if config.enforce_eager or not backend.captures_decodes else self.platform.graph_capture()
+        sizes = capture_sizes(config.max_num_seqs) if capture is not None else []
+        with torch.inference_mode():  # the profiling steps run the model
+            profile = [largest_step(self)] + ([largest_decode(self, sizes[-1])] if sizes else [])
+            blocks = self.kv_cache_blocks(profile)
+        self.allocate_kv_cache(blocks, spare_blocks=1 if capture is not None else 0)
+        if capture is not None:
+            self.capture_decode_graphs(capture, sizes)
+
+    def capture_decode_graphs(self, capture: GraphCapture, sizes: list[int]) -> None:
+        """One graph per size (cuda_graphs.py); block tables as wide as the model's context."""
+        context = self.config.max_model_len or self.model_config.max_position_embeddings
+        graphs = DecodeGraphs(sizes, -(-context // self.block_size), self.num_blocks, self.block_size, self.device)
+        with torch.inference_mode():
+            graphs.capture_all(self.run_model, capture)
+        self.graphs = graphs
+
+    def run_model(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        """float32 logits of every row (what a captured decode step records)."""
+        return self.model.compute_logits(self.model(input_ids, positions, self.kv_caches, meta)).float()
 
     @torch.inference_mode()
     def execute(self, batch: BatchInputs) -> torch.Tensor:
         """Runs the model; returns float32 logits for the sampling rows, [len(sampling_seqs), vocab]."""
+        if self.graphs is not None and self.graphs.covers(batch):
+            return self.graphs.run(batch)
         hidden = self.model(batch.input_ids, batch.positions, self.kv_caches, batch.meta)
         if not batch.sampling_seqs:
             return hidden.new_empty((0, self.model_config.vocab_size), dtype=torch.float32)

@@ -80,5 +80,5 @@ class SamplingParams:
             fail("logprobs", f"logprobs must be between 0 and 20, got {self.logprobs}.")
         if any(not isinstance(s, str) or not s for s in self.stop):
             fail("stop", "stop must hold non-empty strings.")
-        if self.seed is not None and not isinstance(self.seed, int):
-            fail("seed", f"seed must be an integer, got {self.seed!r}.")
+        if self.seed is not None and (not isinstance(self.seed, int) or not -(2**63) <= self.seed < 2**64):
+            fail("seed", "seed must be an integer that fits in 64 bits.")  # torch's generators take no more

@@ -114,6 +114,11 @@ class Autoscaler:
         if delayed > desired:
             reason += f"; held at {delayed} by scale_down_delay {c.scale_down_delay_s:g} s"
             desired, limited_by = delayed, "scale_down_delay"
+        if ready == 0 and actual > 0:
+            # A replica is starting and none is ready: the idle countdown waits for it (Knative reaches its
+            # initial scale before it may scale to zero). Else a cold start longer than scale_to_zero_after_s
+            # is cancelled before it can serve, and the next request starts another.
+            self.last_active = now
         idle = now - self.last_active
         if c.scale_to_zero_after_s is not None and idle >= c.scale_to_zero_after_s and not panicking:
             desired, reason = 0, f"idle {idle:.1f} s >= scale_to_zero_after {c.scale_to_zero_after_s:g} s"

@@ -12,7 +12,7 @@ import asyncio
 import atexit
 import logging
 
-from argosy.config import FleetConfig, ModelConfig
+from argosy.config import FleetConfig, FleetConfigError, ModelConfig, ResolvedRevision, load_fleet
 from argosy.fleet.capacity import CapacityBook, summary
 from argosy.fleet.local import LocalProvider
 from argosy.fleet.metrics import FleetMetrics
@@ -20,10 +20,14 @@ from argosy.fleet.model_controller import ModelController
 from argosy.fleet.placement import Need, Node, Placer, detect_nodes, replica_need
 from argosy.fleet.preemption import PreemptionNotice, Preemptions
 from argosy.fleet.replica import DRAINING, READY, WARMING
+from argosy.fleet.rollout.manager import RolloutManager
+from argosy.fleet.rollout.metrics import RolloutMetrics
+from argosy.fleet.rollout.store import default_state_path, make_store
 from argosy.fleet.seams import GatewayPort, ReplicaProvider
+from argosy.gateway.errors import GatewayError, bad_request, not_found
 
-PROVIDERS = ("local", "ray")
-DISCOVERS_NODES = {"ray"}  # providers whose nodes, when the fleet file lists none, are found at run time
+PROVIDERS = ("local", "ray", "kubernetes")
+DISCOVERS_NODES = {"ray", "kubernetes"}  # providers whose nodes, when the fleet file lists none, are found at run time
 
 log = logging.getLogger("argosy.fleet")
 
@@ -35,12 +39,16 @@ def make_provider(name: str, options: dict) -> ReplicaProvider:
         from argosy.fleet.ray_provider import RayProvider
 
         return RayProvider(options)
+    if name == "kubernetes":
+        from argosy.fleet.kubernetes_provider import KubernetesProvider
+
+        return KubernetesProvider(options)
     raise ValueError(f"providers.{name}: unknown provider ({', '.join(PROVIDERS)})")
 
 
 def managed(fleet: FleetConfig) -> list[ModelConfig]:
-    """Models the controller starts replicas for: a checkpoint and no fixed upstreams."""
-    return [m for m in fleet.models if m.checkpoint and m.upstreams is None and not m.traffic]
+    """Models the controller starts replicas for: a checkpoint (or revisions) and no fixed upstreams."""
+    return [m for m in fleet.models if (m.checkpoint or m.revisions) and m.upstreams is None and not m.traffic]
 
 
 def model_resources(m: ModelConfig) -> dict[str, float]:
@@ -48,11 +56,22 @@ def model_resources(m: ModelConfig) -> dict[str, float]:
     return dict(m.resources)
 
 
-def model_need(m: ModelConfig, nodes: list[Node]) -> Need:
+def revision_need(m: ModelConfig, rev: ResolvedRevision, nodes: list[Node]) -> Need:
+    """One replica of this revision: from its checkpoint's config.json and engine settings."""
     gpus_here = any(n.gpus for n in nodes if n.provider == m.provider)
-    on_gpu = m.engine.device.startswith("cuda") or (m.engine.device == "auto" and gpus_here)
-    need = replica_need(m.checkpoint, m.engine, on_gpu)
+    on_gpu = rev.engine.device.startswith("cuda") or (rev.engine.device == "auto" and gpus_here)
+    if m.kind != "generate":  # an encoder: weights and a batch's activations, a share of a GPU
+        from argosy.fleet.components import encoder_need
+
+        need = encoder_need(rev.checkpoint, rev.engine, on_gpu)
+    else:
+        need = replica_need(rev.checkpoint, rev.engine, on_gpu)
     return Need.of(need.gpus, need.gib, model_resources(m))
+
+
+def model_need(m: ModelConfig, nodes: list[Node]) -> Need:
+    """One replica of the model's stable revision (as the fleet file starts it)."""
+    return revision_need(m, m.resolved()[m.stable_at_start()], nodes)
 
 
 def known_nodes(fleet: FleetConfig, providers: list[str]) -> tuple[list[Node], list[str]]:
@@ -74,11 +93,15 @@ def known_nodes(fleet: FleetConfig, providers: list[str]) -> tuple[list[Node], l
 
 
 class Controller:
-    def __init__(self, fleet: FleetConfig, gateway: GatewayPort):
+    def __init__(self, fleet: FleetConfig, gateway: GatewayPort, source: str | None = None):
         self.fleet, self.gateway = fleet, gateway
+        self.source = source  # the fleet file: `rollout start` reads new revisions from it
         self.metrics = FleetMetrics(gateway.registry)
         self.providers: dict[str, ReplicaProvider] = {}
         self.models: dict[str, ModelController] = {}
+        self.rollouts: dict[str, RolloutManager] = {}
+        self.rollout_metrics = RolloutMetrics(gateway.registry, lambda: self.rollouts.values())
+        self.store = make_store(fleet.gateway.redis_url, fleet.state_file or default_state_path(source))
         self.placer: Placer | None = None
         self.capacity = CapacityBook.of(fleet)  # this region's capacity kinds (docs/regions.md)
         self.preemptions = Preemptions(self)
@@ -95,9 +118,13 @@ class Controller:
             ram = "unbounded" if n.memory_gib == float("inf") else f"{n.memory_gib:.1f} GiB"
             log.info("fleet: node %s (%s): %s, RAM %s", n.name, n.provider, gpus, ram)
         for m in models:
-            mc = ModelController(m, self.gateway.model(m.name), self.gateway, self.providers[m.provider], self.placer,
-                                 model_need(m, nodes), self.metrics, otlp_endpoint=self.fleet.gateway.otlp_endpoint)
+            routes = self.gateway.model(m.name)
+            mc = ModelController(m, routes, self.gateway, self.providers[m.provider], self.placer,
+                                 lambda rev, m=m: revision_need(m, rev, nodes), self.metrics,
+                                 otlp_endpoint=self.fleet.gateway.otlp_endpoint)
             self.models[m.name] = mc
+            self.rollouts[m.name] = mgr = RolloutManager(mc, routes, self.store, self.rollout_metrics, m.rollout)
+            await mgr.restore()  # the stable revision and split it had; a rollout in progress resumes
             mc.start()
         self.preemptions.start(self.providers)  # providers that hear of preemptions themselves
         atexit.register(self.kill_now)  # backstop if the loop never reaches stop()
@@ -118,7 +145,9 @@ class Controller:
 
     async def stop(self) -> None:
         await self.preemptions.stop()
+        await asyncio.gather(*(mgr.stop() for mgr in self.rollouts.values()), return_exceptions=True)
         await asyncio.gather(*(mc.stop() for mc in self.models.values()), return_exceptions=True)
+        await self.store.close()
         for p in self.providers.values():
             await p.close()
 
@@ -126,6 +155,55 @@ class Controller:
         for mc in self.models.values():
             for r in list(mc.replicas.values()):
                 mc.provider.kill_now(r)
+
+    # ------------------------------------------------------------------ rollouts (the gateway's admin API)
+
+    def rollout_status(self, model: str | None = None) -> list[dict]:
+        if model is not None and model not in self.rollouts:
+            raise not_found(f"no managed model {model!r} (managed: {', '.join(self.rollouts) or 'none'})")
+        return [mgr.status() for name, mgr in self.rollouts.items() if model is None or name == model]
+
+    async def rollout_command(self, model: str, verb: str, body: dict) -> dict:
+        mgr = self.rollouts.get(model)
+        if mgr is None:
+            raise not_found(f"no managed model {model!r} (managed: {', '.join(self.rollouts) or 'none'})")
+        if verb == "start":
+            to, strategy = body.get("to"), body.get("strategy")
+            if not isinstance(to, str) or not to or (strategy is not None and not isinstance(strategy, str)):
+                raise bad_request("give the revision to roll out to: {\"to\": REVISION[, \"strategy\": "
+                                  "canary|blue-green|rolling]}", "to")
+            return await mgr.start(to, strategy, self.reload_revisions(model))
+        if verb == "promote":
+            return await mgr.promote(bool(body.get("full")))
+        if verb in ("pause", "resume"):
+            return await mgr.pause(verb == "pause")
+        if verb == "abort":
+            reason = body.get("reason")
+            return await mgr.abort(reason if isinstance(reason, str) and reason else "aborted by an operator")
+        raise not_found(f"no rollout command {verb!r} (start, promote, pause, resume, abort)")
+
+    def reload_revisions(self, model: str):
+        """The model's revisions and rollout section as the fleet file has them now (new revisions are
+        added by editing the file; nothing else in it is reloaded). Running revisions keep their settings."""
+        mc = self.models[model]
+        if self.source is None:
+            return None
+        try:
+            fleet = load_fleet(self.source)
+        except FleetConfigError as e:
+            raise GatewayError(400, f"the fleet file does not load: {e}", "invalid_request_error",
+                               "invalid_fleet_file") from None
+        m = next((x for x in fleet.models if x.name == model), None)
+        if m is None:
+            raise bad_request(f"model {model!r} is no longer in {self.source}", "model")
+        running = {r.revision for r in mc.replicas.values()} | set(mc.plans)
+        new = m.resolved()
+        for rev, rc in new.items():
+            if rev not in running and mc.revisions.get(rev) != rc:
+                mc.revisions[rev] = rc
+                mc.needs.pop(rev, None)
+                log.info("fleet: %s: revision %s from %s (checkpoint %s)", model, rev, self.source, rc.checkpoint)
+        return m.rollout
 
     def status(self) -> dict:
         nodes = []
@@ -137,7 +215,12 @@ class Controller:
                           "used_gib": round(n.used_gib, 3),
                           "resources": {k: {"total": v, "used": round(n.used_resources.get(k, 0.0), 6)}
                                         for k, v in n.resources.items()}})
-        out = {"nodes": nodes, "models": [mc.status() for mc in self.models.values()]}
+        models = []
+        for name, mc in self.models.items():
+            st = mc.status()
+            st["rollout"] = self.rollouts[name].status()["rollout"] if name in self.rollouts else None
+            models.append(st)
+        out = {"nodes": nodes, "models": models}
         if self.capacity is not None:  # replicas by region, provider and capacity kind, with their $/h
             for n in nodes:
                 n["capacity_kind"] = self.capacity.kind(n["name"])

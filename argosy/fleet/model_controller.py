@@ -1,4 +1,11 @@
-"""One model's reconcile loop: observe load, ask the autoscaler, start, promote, drain and replace replicas."""
+"""One model's reconcile loop: per revision it runs, observe load, ask that revision's autoscaler, start,
+promote, drain and replace replicas.
+
+Which revisions run, at what size and with what traffic split is the rollout's to say (argosy.fleet.rollout):
+`plans` holds, per revision, a floor (a canary sized to its weight, a blue-green preview at full size) or a
+fixed count; a revision without a plan is drained. With no rollout, the stable revision alone runs,
+autoscaled as before. A rolling upgrade freezes the loop (`frozen`) and places replicas itself.
+"""
 
 from __future__ import annotations
 
@@ -8,47 +15,43 @@ import json
 import logging
 import time
 from collections import deque
+from dataclasses import dataclass
 
-import aiohttp
-
-from argosy.config import ModelConfig
 from argosy.fleet.autoscaler import Autoscaler, Decision, Observation
-from argosy.fleet.engine_args import engine_args
-from argosy.fleet.metrics import FleetMetrics
-from argosy.fleet.placement import Need, Placer, Unplaceable
-from argosy.fleet.replica import DRAINING, FAILED, LIVE, READY, STARTING, STOPPED, WARMING, Replica, ReplicaSpec
-from argosy.fleet.seams import GatewayPort, ModelRoutes, ReplicaProvider
+from argosy.fleet.replica import LIVE, READY, STARTING, WARMING, Replica
+from argosy.fleet.replica_set import ReplicaSet
 from argosy.gateway.errors import unavailable
 from argosy.gateway.scraper import ReplicaGauges
 
 log = logging.getLogger("argosy.fleet")
-MAX_BACKOFF_S = 30.0
 
 
-class ModelController:
-    def __init__(self, cfg: ModelConfig, routes: ModelRoutes, gateway: GatewayPort, provider: ReplicaProvider,
-                 placer: Placer, need: Need, metrics: FleetMetrics, clock=time.monotonic,
-                 otlp_endpoint: str | None = None):
-        self.cfg, self.a, self.routes, self.gateway, self.provider = cfg, cfg.autoscaling, routes, gateway, provider
-        self.placer, self.need, self.m, self.clock = placer, need, metrics, clock
-        self.otlp_endpoint = otlp_endpoint  # the replicas continue the gateway's traces
-        self.name = cfg.name
-        self.scaler = Autoscaler(self.a, clock)
-        self.replicas: dict[str, Replica] = {}
-        self.recent_failures: deque[dict] = deque(maxlen=10)
+@dataclass
+class Plan:
+    """How many replicas a revision runs: at least `floor` (with its autoscaler above), or exactly `fixed`."""
+    floor: int = 0
+    fixed: int | None = None
+
+
+class ModelController(ReplicaSet):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.scalers: dict[str, Autoscaler] = {}
+        self.plans: dict[str, Plan] = {self.stable: Plan()}
+        self.split: dict[str, float] = {self.stable: 100.0}
+        self.desired: dict[str, int] = {}  # per revision, the last decision (its plan applied)
+        self.frozen = False  # a rolling upgrade starts and drains replicas itself
+        self.expecting = 0  # replicas a rollout is about to start: the activator holds requests for them
         self.decisions: deque[dict] = deque(maxlen=20)
         self.wake = asyncio.Event()
-        self.routed = asyncio.Event()  # replaced each time a replica joins the routing set
-        self.failures, self.next_start_at = 0, 0.0
-        self.unplaceable: str | None = None
         self.held = 0
         self.done_counts: dict[str, int] = {}
-        self.last_obs_t = clock()
+        self.started_t = self.clock()
+        self.last_obs_t: dict[str, float] = {}  # per revision
         self.task: asyncio.Task | None = None
-        routes.set_activator(self.activate)
-        metrics.watch(self)
-
-    # ------------------------------------------------------------------ loop
+        self.scaler_for(self.stable)  # now: scale to zero counts the idle time from the controller's start
+        self.routes.set_activator(self.activate)
+        self.m.watch(self)
 
     def start(self) -> None:
         self.task = asyncio.get_running_loop().create_task(self.run())
@@ -66,60 +69,93 @@ class ModelController:
     def poke(self) -> None:
         self.wake.set()
 
-    def ready_routed(self) -> list[Replica]:
-        return [r for r in self.replicas.values() if r.state == READY and not r.pooled]
+    @property
+    def scaler(self) -> Autoscaler:
+        return self.scaler_for(self.stable)
+
+    def scaler_for(self, revision: str) -> Autoscaler:
+        if revision not in self.scalers:
+            self.scalers[revision] = Autoscaler(self.revisions[revision].autoscaling, self.clock)
+        return self.scalers[revision]
 
     async def tick(self) -> None:
-        ready = self.ready_routed()
-        gauges = None
-        if self.scaler.metric.needs_scrape:
-            gauges = await self.gateway.scraper.refresh(r.url for r in ready if r.url)
-        self.scaler.observe(self.observe(ready, gauges), len(ready))
-        active = [r for r in self.replicas.values() if not r.pooled and r.state in LIVE]
-        d = self.scaler.decide(len(ready), len(active))
-        self.record(d)
-        self.reconcile(d.desired)
+        total = 0
+        for rev in list(self.plans):
+            total += await self.scale(rev)
+        self.m.desired.labels(self.name).set(total)
+        if not self.frozen:  # revisions a rollout let go of
+            for rev in {r.revision for r in self.replicas.values() if r.state in LIVE} - set(self.plans):
+                self.retire(rev)
 
-    def observe(self, ready: list[Replica], gauges: dict[str, ReplicaGauges] | None = None) -> Observation:
-        """What the autoscaler sees: the gateway's admission load, the finished-request rate and, when
-        the metric needs them, the ready replicas' scraped queue and KV usage (`gauges` by URL)."""
-        now = self.clock()
+    async def scale(self, rev: str) -> int:
+        """One revision's decision: its autoscaler's, bounded by its plan; then its replicas follow."""
+        scaler, ready = self.scaler_for(rev), self.ready_routed(rev)
+        gauges = None
+        if scaler.metric.needs_scrape:
+            gauges = await self.gateway.scraper.refresh(r.url for r in ready if r.url)
+        scaler.observe(self.observe(ready, gauges, rev), len(ready))
+        active = [r for r in self.of(rev) if not r.pooled and r.state in LIVE]
+        d = scaler.decide(len(ready), len(active))
+        plan = self.plans[rev]
+        desired = plan.fixed if plan.fixed is not None else max(d.desired, plan.floor)
+        self.record(d, rev, desired)
+        self.desired[rev] = desired
+        if not self.frozen:
+            self.reconcile(desired, rev)
+        return desired
+
+    def share(self, rev: str) -> float:
+        total = sum(self.split.values())
+        return 1.0 if len(self.plans) == 1 or total <= 0 else self.split.get(rev, 0.0) / total
+
+    def observe(self, ready: list[Replica], gauges: dict[str, ReplicaGauges] | None = None,
+                revision: str | None = None) -> Observation:
+        """What a revision's autoscaler sees: its share (by the split) of the gateway's admission load, its
+        replicas' finished-request rate and, when the metric needs them, its ready replicas' scraped queue
+        and KV usage (`gauges` by URL). With one revision running: the model's whole load."""
+        now, rev = self.clock(), revision or self.stable
         load = self.routes.admission_load()
+        share = self.share(rev)
         total = 0
         for r in self.replicas.values():
+            if len(self.plans) > 1 and r.revision != rev:
+                continue
             n = self.routes.finished(r.url) if r.url else None
             if n is not None:
                 total += n - self.done_counts.get(r.url, n)  # new replicas count from now
                 self.done_counts[r.url] = n
-        dt, self.last_obs_t = max(now - self.last_obs_t, 1e-3), now
+        dt = max(now - self.last_obs_t.get(rev, self.started_t), 1e-3)
+        self.last_obs_t[rev] = now
         scraped = [g for r in ready if (g := (gauges or {}).get(r.url or "")) is not None]
         kv = sum(g.kv_usage for g in scraped) / len(scraped) if scraped else 0.0
-        return Observation(concurrency=load.in_flight + load.waiting, rps=total / dt,
-                           queue=load.waiting + sum(g.waiting for g in scraped), kv_cache=kv)
+        return Observation(concurrency=(load.in_flight + load.waiting) * share, rps=total / dt,
+                           queue=load.waiting * share + sum(g.waiting for g in scraped), kv_cache=kv,
+                           tokens=load.tokens * share)
 
-    def record(self, d: Decision) -> None:
-        prev = self.decisions[-1] if self.decisions else None
+    def record(self, d: Decision, rev: str, desired: int) -> None:
         self.m.decisions.labels(self.name, d.direction, d.kind).inc()
-        self.m.desired.labels(self.name).set(d.desired)
-        self.m.panic.labels(self.name).set(1 if d.panic else 0)
-        self.m.observed.labels(self.name, "stable").set(d.stable_value)
-        self.m.observed.labels(self.name, "panic").set(d.panic_value)
-        changed = prev is None or prev["desired"] != d.desired or prev["panic"] != d.panic
+        if rev == self.stable:
+            self.m.panic.labels(self.name).set(1 if d.panic else 0)
+            self.m.observed.labels(self.name, "stable").set(d.stable_value)
+            self.m.observed.labels(self.name, "panic").set(d.panic_value)
+        entry = {"event": "scale_decision", "model": self.name, "revision": rev, "at": time.strftime("%H:%M:%S"),
+                 **d.as_dict()}
+        if desired != d.desired:
+            entry.update(desired=desired, reason=d.reason + f"; {desired} by the rollout's plan")
+        prev = next((e for e in reversed(self.decisions) if e["revision"] == rev), None)
+        changed = prev is None or prev["desired"] != entry["desired"] or prev["panic"] != d.panic
         if d.direction != "hold" or changed:
-            entry = {"event": "scale_decision", "model": self.name, "at": time.strftime("%H:%M:%S"), **d.as_dict()}
             self.decisions.append(entry)
             log.info(json.dumps(entry))
 
-    def count(self, state: str, pooled: bool) -> int:
-        """Replicas in one state, in the warm pool or not (argosy_fleet_replicas, read when scraped)."""
-        return sum(1 for r in list(self.replicas.values()) if r.state == state and r.pooled == pooled)
-
     # ------------------------------------------------------------------ reconcile
 
-    def reconcile(self, desired: int) -> None:
-        active = [r for r in self.replicas.values() if not r.pooled and r.state in LIVE]
-        pool = sorted((r for r in self.replicas.values() if r.pooled and r.state in LIVE),
-                      key=lambda r: r.state != READY)  # ready ones first
+    def reconcile(self, desired: int, rev: str | None = None) -> None:
+        rev = rev or self.stable
+        warm_pool = self.revisions[rev].autoscaling.warm_pool
+        mine = self.of(rev)
+        active = [r for r in mine if not r.pooled and r.state in LIVE]
+        pool = sorted((r for r in mine if r.pooled and r.state in LIVE), key=lambda r: r.state != READY)
         for _ in range(desired - len(active)):
             if pool:  # the warm pool takes traffic the moment it is needed
                 r = pool.pop(0)
@@ -127,124 +163,26 @@ class ModelController:
                 log.info("fleet: %s: %s promoted from the warm pool (%s)", self.name, r.id, r.state)
                 if r.state == READY:
                     self.route(r)
-            elif not self.launch(pooled=False):
+            elif not self.launch(pooled=False, rev=rev):
                 break
         if desired < len(active):
             order = {STARTING: 0, WARMING: 1, READY: 2}
             victims = sorted(active, key=lambda r: (order[r.state], self._in_flight(r), -r.created))
             for r in victims[:len(active) - desired]:
                 asyncio.get_running_loop().create_task(self.drain(r))
-        for _ in range(self.a.warm_pool - len(pool)):
-            if not self.launch(pooled=True):
+        for _ in range(warm_pool - len(pool)):
+            if not self.launch(pooled=True, rev=rev):
                 break
-        for r in pool[self.a.warm_pool:]:
+        for r in pool[warm_pool:]:
             asyncio.get_running_loop().create_task(self.drain(r))
 
-    def launch(self, pooled: bool) -> bool:
-        if self.clock() < self.next_start_at:
-            return False  # backing off after a crash; the next tick tries again
-        args = engine_args(self.cfg, self.need.gpus > 0) + ["--revision", self.cfg.revision]
-        if self.otlp_endpoint:  # the replica continues the gateway's traces
-            args += ["--otlp-endpoint", self.otlp_endpoint]
-        spec = ReplicaSpec(self.name, str(self.cfg.checkpoint), args)
-        r = Replica(self.name, spec, pooled=pooled)
-        try:
-            down = self.provider.down_nodes()
-            spec.placement = self.placer.place(r.id, self.name, self.need, self.cfg.provider, down)
-        except Unplaceable as e:
-            self.m.placement_failures.labels(self.name).inc()
-            if self.unplaceable != str(e):
-                log.warning(json.dumps({"event": "unplaceable", "model": self.name, "reason": str(e)}))
-            self.unplaceable = str(e)
-            return False
-        self.unplaceable = None
-        self.replicas[r.id] = r
-        log.info("fleet: %s: starting %s%s on %s", self.name, r.id, " (warm pool)" if pooled else "",
-                 spec.placement.node)
-        r.task = asyncio.get_running_loop().create_task(self.run_replica(r))
-        return True
-
-    def _in_flight(self, r: Replica) -> int:
-        return self.routes.in_flight(r.url) if r.url else 0
-
-    def route(self, r: Replica) -> None:
-        self.routes.add_upstream(r.url)
-        ev, self.routed = self.routed, asyncio.Event()
-        ev.set()
-
-    async def run_replica(self, r: Replica) -> None:
-        try:
-            await self.provider.start(r)
-            r.state = WARMING
-            while not await self._is_ready(r):
-                if not self.provider.alive(r):
-                    raise RuntimeError(f"exited while warming: {r.detail}")
-                await asyncio.sleep(0.25)
-            r.state, r.ready_at = READY, self.clock()
-            self.failures = 0
-            self.m.cold_start.labels(self.name).observe(r.ready_at - r.created)
-            log.info("fleet: %s: %s ready at %s after %.1f s%s", self.name, r.id, r.url, r.ready_at - r.created,
-                     " (warm pool)" if r.pooled else "")
-            if not r.pooled:
-                self.route(r)
-            await self.provider.wait(r)
-            if r.state == READY:
-                raise RuntimeError(f"exited: {r.detail}")
-        except asyncio.CancelledError:
-            raise
-        except Exception as e:
-            if r.state in (DRAINING, STOPPED):
-                return
-            await self._failed(r, e)
-
-    async def _is_ready(self, r: Replica) -> bool:
-        try:
-            async with self.gateway.session.get(r.url + "/ready", timeout=aiohttp.ClientTimeout(total=2)) as resp:
-                await resp.read()
-                return resp.status == 200
-        except (TimeoutError, aiohttp.ClientError, OSError):
-            return False
-
-    async def _failed(self, r: Replica, e: Exception) -> None:
-        r.state, r.detail = FAILED, f"{type(e).__name__}: {e}"[-300:]
-        self.failures += 1
-        delay = min(self.a.restart_backoff_s * 2 ** (self.failures - 1), MAX_BACKOFF_S)
-        self.next_start_at = self.clock() + delay
-        self.m.restarts.labels(self.name).inc()
-        log.warning(json.dumps({"event": "replica_failed", "model": self.name, "replica": r.id, "url": r.url,
-                                "detail": r.detail, "restart_in_s": round(delay, 2)}))
-        self._forget(r)
-        with contextlib.suppress(Exception):
-            await self.provider.stop(r, 5.0)
-        self.recent_failures.append(r.snapshot())
-        self.poke()
-
-    def _forget(self, r: Replica) -> None:
-        if r.url:
-            self.routes.remove_upstream(r.url)
-            self.gateway.forget_upstream(r.url)  # a later replica on the same port starts fresh
-        self.placer.release(r.id)
-        self.replicas.pop(r.id, None)
-
-    async def drain(self, r: Replica, timeout: float | None = None) -> None:
-        """Out of the routing set at once; its requests finish (bounded by drain_timeout_s); then stop."""
-        if r.state in (DRAINING, STOPPED):
-            return
-        was_ready, r.state = r.state == READY, DRAINING
-        if r.url:
-            self.routes.remove_upstream(r.url)
-        deadline = self.clock() + (self.a.drain_timeout_s if timeout is None else timeout)
-        if was_ready:
-            while self._in_flight(r) > 0 and self.clock() < deadline:
-                r.detail = f"draining: {self._in_flight(r)} in flight"
-                await asyncio.sleep(0.1)
-        log.info(json.dumps({"event": "replica_drained", "model": self.name, "replica": r.id, "url": r.url,
-                             "left_in_flight": self._in_flight(r)}))
-        if r.task is not None and r.task is not asyncio.current_task():
-            r.task.cancel()
-        await self.provider.stop(r)
-        r.state = STOPPED
-        self._forget(r)
+    def retire(self, rev: str) -> list[asyncio.Task]:
+        """Drain and stop every replica of a revision (its plan is gone: an aborted canary, a replaced stable)."""
+        self.plans.pop(rev, None)
+        self.scalers.pop(rev, None)
+        self.desired.pop(rev, None)
+        return [asyncio.get_running_loop().create_task(self.drain(r)) for r in self.of(rev)
+                if r.state in LIVE]
 
     async def stop(self) -> None:
         if self.task is not None:
@@ -263,7 +201,7 @@ class ModelController:
         if self.unplaceable and not self.replicas:
             raise unavailable(f"model {self.name!r} has no replica and none can be placed: {self.unplaceable}",
                               "unplaceable", retry_after=30.0)
-        starting = any(r.state in (STARTING, WARMING) for r in self.replicas.values())
+        starting = self.expecting > 0 or any(r.state in (STARTING, WARMING) for r in self.replicas.values())
         if self.ready_routed() and not starting:
             return  # replicas exist but are ejected: the proxy answers (503) as before
         self.held += 1
@@ -283,8 +221,14 @@ class ModelController:
 
     def status(self) -> dict:
         load = self.routes.admission_load()
-        return {"model": self.name, "provider": self.cfg.provider, "desired": self.scaler.last.desired
-                if self.scaler.last else None, "panic": bool(self.scaler.last and self.scaler.last.panic),
+        revisions = {rev: {"desired": self.desired.get(rev), "ready": len(self.ready_routed(rev)),
+                           "weight": self.split.get(rev, 0.0), "checkpoint": self.revisions[rev].checkpoint}
+                     for rev in dict.fromkeys([*self.plans, *(r.revision for r in self.replicas.values())])
+                     if rev in self.revisions}
+        desired = sum(self.desired.get(rev, 0) for rev in self.plans) if self.desired else None
+        return {"model": self.name, "provider": self.cfg.provider, "desired": desired,
+                "panic": bool(self.scaler.last and self.scaler.last.panic), "stable": self.stable,
+                "revisions": revisions,
                 "in_flight": load.in_flight, "queued": load.waiting, "held": self.held,
                 "unplaceable": self.unplaceable, "need": {"gpus": self.need.gpus,
                 "gib": None if self.need.gib == float("inf") else self.need.gib},

@@ -83,6 +83,24 @@ class Unplaceable(Exception):
     """No node can take the replica; the message says why."""
 
 
+OOM_GROWTH = 1.25  # an estimate that proved short at load grows by a quarter (at least 1 GiB) per failure
+
+
+class OutOfMemoryAtLoad(RuntimeError):
+    """A replica ran out of memory while loading: `corrected` is the need to place it with from now on,
+    and the GPUs of `placement` are tried last for this model."""
+
+    def __init__(self, message: str, placement: Placement, corrected: Need):
+        super().__init__(message)
+        self.placement, self.corrected = placement, corrected
+
+
+def corrected_need(need: Need) -> Need:
+    if need.gib == float("inf"):
+        return need  # already whole GPUs: nothing to correct
+    return Need(need.gpus, round(max(need.gib * OOM_GROWTH, need.gib + 1.0), 3), need.resources)
+
+
 def parameter_count(cfg: dict) -> int:
     """Parameters of a Llama-family checkpoint from its config.json."""
     h, inter, layers = cfg["hidden_size"], cfg["intermediate_size"], cfg["num_hidden_layers"]
@@ -96,13 +114,32 @@ def parameter_count(cfg: dict) -> int:
     return layers * per_layer + emb + h
 
 
+def checkpoint_config(checkpoint: str | Path) -> dict:
+    """config.json's fields that parameter_count reads; a GGUF file's from its metadata."""
+    from argosy.engine.model_names import resolve_model
+
+    path = Path(resolve_model(checkpoint))
+    if path.suffix.lower() != ".gguf":
+        return json.loads((path / "config.json").read_text())
+    from argosy.engine.gguf.file import gguf_model_config
+
+    c = gguf_model_config(path)
+    return {"hidden_size": c.hidden_size, "intermediate_size": c.intermediate_size, "num_hidden_layers": c.num_layers,
+            "num_attention_heads": c.num_heads, "num_key_value_heads": c.num_kv_heads, "head_dim": c.head_dim,
+            "vocab_size": c.vocab_size, "tie_word_embeddings": c.tie_word_embeddings,
+            "gguf_bytes": path.stat().st_size}
+
+
 def replica_need(checkpoint: str | Path, engine: EngineSection, on_gpu: bool) -> Need:
-    """Memory one replica needs, from the checkpoint's config.json and the engine settings."""
-    cfg = json.loads((Path(checkpoint) / "config.json").read_text())
+    """Memory one replica needs, from the checkpoint's config and the engine settings. A GGUF file's
+    quantized weights stay quantized on the CPU (about the file's size) and become bfloat16 on a GPU."""
+    cfg = checkpoint_config(checkpoint)
     dtype = engine.dtype
     if dtype == "auto":
         dtype = str(cfg.get("torch_dtype", "bfloat16")) if on_gpu else "float32"
     weights_gib = parameter_count(cfg) * DTYPE_BYTES.get(dtype, 2) / GIB
+    if "gguf_bytes" in cfg and not on_gpu and engine.dtype in ("auto", "float32"):
+        weights_gib = min(weights_gib, cfg["gguf_bytes"] / GIB)
     n = engine.tensor_parallel_size * engine.pipeline_parallel_size
     if not on_gpu:
         kv = engine.kv_cache_memory_gib if engine.kv_cache_memory_gib is not None else CPU_DEFAULT_KV_GIB
@@ -157,6 +194,11 @@ class Placer:
         self.held: dict[str, tuple[str, Placement]] = {}  # replica id -> (model, placement)
         self.capacity = capacity
         self.cordoned: set[str] = set()
+        self.oom: dict[str, set[tuple[str, int]]] = {}  # model -> (node, GPU) where it ran out of memory
+
+    def note_oom(self, model: str, p: Placement) -> None:
+        """The model ran out of memory on these GPUs: place it elsewhere first from now on."""
+        self.oom.setdefault(model, set()).update((p.node, g) for g in p.gpus)
 
     def _fits(self, node: Node, need: Need, avoid: set[int]) -> tuple[float, tuple[int, ...]] | None:
         """(memory left after placing, GPU indices) for the tightest fit on this node, or None;
@@ -175,11 +217,21 @@ class Placer:
         left = sum(g.free_gib for g in chosen) - (0 if need.gib == float("inf") else need.gib * need.gpus)
         return left, tuple(g.index for g in chosen)
 
+    def fit(self, node: Node, model: str, need: Need) -> tuple[tuple, tuple[int, ...]] | None:
+        """(preference key, GPU indices) of the best spot for one replica of `model` on `node`, or None.
+        Smaller keys are better: spread a model across nodes, then across GPUs (two copies on one GPU
+        compete; GPUs where it ran out of memory count the same), then best fit (least left over)."""
+        same = any(p.node == node.name for m, p in self.held.values() if m == model)
+        same_gpus = {g for m, p in self.held.values() if m == model and p.node == node.name for g in p.gpus}
+        same_gpus |= {g for n, g in self.oom.get(model, set()) if n == node.name}
+        found = self._fits(node, need, same_gpus)
+        if found is None:
+            return None
+        return (same, any(g in same_gpus for g in found[1]), found[0]), found[1]
+
     def place(self, replica_id: str, model: str, need: Need, provider: str | None = None,
               down: frozenset[str] | set[str] = frozenset()) -> Placement:
         """Place one replica (nodes in `down` are skipped); raises Unplaceable with the reason."""
-        same = {p.node for m, p in self.held.values() if m == model}
-        same_gpus = {(p.node, g) for m, p in self.held.values() if m == model for g in p.gpus}
         book = self.capacity
         used = book.used([(p.node, p.need.gpus) for _, p in self.held.values()]) if book else {}
         best: tuple[tuple, Node, tuple[int, ...]] | None = None
@@ -189,19 +241,22 @@ class Placer:
                 continue
             if book is not None and not book.usable(node.name, need.gpus, used):
                 continue
-            fit = self._fits(node, need, {g for n, g in same_gpus if n == node.name})
-            if fit is None:
+            found = self.fit(node, model, need)
+            if found is None:
                 continue
-            # The capacity kind first (the order), then spread a model across nodes, then across GPUs (two
-            # copies on one GPU compete), then best fit.
-            rank = book.rank(node.name) if book else 0
-            key = (rank, node.name in same, any((node.name, g) in same_gpus for g in fit[1]), fit[0])
+            key = (book.rank(node.name) if book else 0, *found[0])  # the capacity kind first (the order)
             if best is None or key < best[0]:
-                best = (key, node, fit[1])
+                best = (key, node, found[1])
         if best is None:
             raise Unplaceable(self._why(model, need, provider, down))
         _, node, gpus = best
         p = Placement(node.name, gpus, need)
+        self.hold(replica_id, model, p)
+        return p
+
+    def hold(self, replica_id: str, model: str, p: Placement) -> None:
+        """Count a placement made elsewhere (a replica found running, a scheduler's binding)."""
+        node, need, gpus = self.nodes[p.node], p.need, p.gpus
         if need.gpus == 0:
             node.used_gib += need.gib
         for k, v in need.resources:
@@ -210,7 +265,6 @@ class Placer:
             if g.index in gpus:
                 g.used_gib += g.memory_gib if need.gib == float("inf") else need.gib
         self.held[replica_id] = (model, p)
-        return p
 
     def release(self, replica_id: str) -> None:
         held = self.held.pop(replica_id, None)

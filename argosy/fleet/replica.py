@@ -35,6 +35,7 @@ class Replica:
     model: str
     spec: ReplicaSpec
     pooled: bool = False  # a warm-pool replica: ready but not in the routing set
+    revision: str = ""  # the model revision it runs (argosy.config.ModelConfig.resolved)
     id: str = field(default_factory=lambda: f"r{next(_ids)}")
     state: str = STARTING
     url: str | None = None
@@ -51,7 +52,8 @@ class Replica:
 
     def snapshot(self, in_flight: int = 0) -> dict:
         now = time.monotonic()
-        return {"id": self.id, "model": self.model, "state": self.state, "url": self.url, "node": self.node,
+        return {"id": self.id, "model": self.model, "revision": self.revision, "state": self.state, "url": self.url,
+                "node": self.node,
                 "gpus": list(self.spec.placement.gpus) if self.spec.placement else [], "pooled": self.pooled,
                 "in_flight": in_flight, "age_s": round(now - self.created, 1),
                 "cold_start_s": round(self.ready_at - self.created, 2) if self.ready_at else None,

@@ -17,6 +17,7 @@ class Observation:
     rps: float = 0.0  # requests finished per second since the last observation
     queue: float = 0.0  # requests waiting (gateway queue + the replicas' vllm:num_requests_waiting)
     kv_cache: float = 0.0  # mean KV-cache usage over the ready replicas, 0..1
+    tokens: float = 0.0  # estimated tokens of the requests in flight or queued at the gateway (encoders)
 
 
 @dataclass(frozen=True)
@@ -43,5 +44,8 @@ METRICS: dict[str, ScalingMetric] = {m.name: m for m in (
     ScalingMetric("queue", lambda o, ready: o.queue, True, "waiting requests"),
     # mean vllm:kv_cache_usage_perc of the ready replicas x their count
     ScalingMetric("kv_cache", _kv_cache, True, "a fraction of a replica's KV cache", max_target=1.0),
+    # the estimated tokens of the requests in flight or queued at the gateway: encoders' default (their
+    # requests range from one short text to thousands, so a request count says little about the work)
+    ScalingMetric("tokens", lambda o, ready: o.tokens, False, "tokens in flight"),
 )}
 METRIC_NAMES = tuple(METRICS)

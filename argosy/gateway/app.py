@@ -3,7 +3,7 @@
 
 A plain ASGI callable rather than a framework router: the per-request path is the product here.
 Per request: authenticate, read and check the body, input guardrails, per-key limits, admission,
-route, forward, account (Gateway.handle).
+wait for a replica, route, forward, account (Gateway.handle).
 """
 
 from __future__ import annotations
@@ -19,16 +19,26 @@ from prometheus_client import CollectorRegistry
 
 from argosy.config import FleetConfig
 from argosy.cost.prices import load_prices
-from argosy.gateway import admin, dashboard, endpoints
+from argosy.gateway import admin, dashboard, endpoints, rollout_api
 from argosy.gateway.accounting import account, key_class
 from argosy.gateway.admission import PRIORITY
-from argosy.gateway.asgi import Receive, Scope, Send, bearer, header, read_body, respond
+from argosy.gateway.asgi import Receive, Scope, Send, header, respond
+from argosy.gateway.auth import Authenticator
 from argosy.gateway.bodies import ProxiedRequest
+from argosy.gateway.components import (
+    ENCODER_PATHS,
+    TEI_PATHS,
+    check_endpoint,
+    encoder_prompt,
+    tei_error_body,
+    with_tei_model,
+)
 from argosy.gateway.errors import GatewayError, method_not_allowed, not_found, rate_limited
 from argosy.gateway.fleet_view import FleetView
 from argosy.gateway.health import HealthChecker
 from argosy.gateway.key_sync import KeySync
 from argosy.gateway.keys import KeyRecord, KeyStore
+from argosy.gateway.limits import read_body
 from argosy.gateway.metrics import GatewayMetrics
 from argosy.gateway.model_cards import ModelCards
 from argosy.gateway.prefix_index import PrefixIndex
@@ -39,16 +49,19 @@ from argosy.gateway.regions.exchange import RegionExchange
 from argosy.gateway.regions.forwarding import regional, serve_elsewhere
 from argosy.gateway.regions.metrics import RegionMetrics
 from argosy.gateway.regions.service import Regions
+from argosy.gateway.revision_stats import LIVE, RequestSample, output_tokens
 from argosy.gateway.router import RouteRequest
 from argosy.gateway.scraper import ReplicaScraper
-from argosy.gateway.traffic import ModelRuntime, Shadower, UpstreamRegistry
+from argosy.gateway.shadow import Shadower
+from argosy.gateway.traffic import ModelRuntime, UpstreamRegistry
+from argosy.gateway.upstream_auth import UpstreamAuth
 from argosy.gateway.upstream_client import UpstreamClient
 from argosy.observe.gateway_requests import GatewayRequest, serve_request
 from argosy.observe.sampler import Sampler
 from argosy.observe.tracing import make_tracing
 
 log = logging.getLogger("argosy.gateway")
-PROXIED = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
+PROXIED = ("/v1/chat/completions", "/v1/completions", *sorted(ENCODER_PATHS))
 Handler = Callable[["Gateway", Scope, Receive, Send], Awaitable[None]]
 
 
@@ -57,12 +70,14 @@ class Gateway:
         self.fleet, gw = fleet, fleet.gateway
         self.m = GatewayMetrics()
         self.registry: CollectorRegistry = self.m.registry
-        self.keys = KeyStore([KeyRecord.from_config(k) for k in fleet.keys], fleet.admin_key_hash)
+        self.keys = KeyStore.from_fleet(fleet)
+        self.auth = Authenticator(self.keys, gw.auth_failures_per_minute)
         self.admin_digest: bytes | None = None  # SHA-256 of the admin key once verified (admin.require_admin)
         # Where it listens (`--host` overrides the file; cli.bind writes it back): beyond loopback, admin
         # endpoints and replica URLs need the admin key whatever else is set.
         self.loopback_only = admin.is_loopback(gw.host)
         self.reg = UpstreamRegistry(gw)
+        self.upstream_auth = UpstreamAuth(self.reg.by_url)  # what replicas are shown (argosy engine --api-key)
         r0 = fleet.models[0].routing if fleet.models else None
         self.index = PrefixIndex(r0.prefix_max_blocks if r0 else 200_000, r0.prefix_ttl_s if r0 else 600.0)
         self.session: aiohttp.ClientSession | None = None
@@ -71,7 +86,10 @@ class Gateway:
         self.limiter = MemoryLimiter()
         self.models = {m.name: ModelRuntime(m, self.reg, self.index, self._on_insert, lambda: self.session)
                        for m in fleet.models}
+        self.kinds = {m.name: m.kind for m in fleet.models}  # generate, embed, rerank (components.py)
         self.shadower = Shadower(lambda: self.session, self.m)
+        for rt in self.models.values():
+            rt.pairs = self.shadower.pairs  # shadow pairs: the rollout's agreement gate, the report
         self.m.watch(lambda: ((name, rt.admission_load()) for name, rt in self.models.items()),
                      lambda: self.reg.by_url.values())
         self.model_cards = ModelCards()  # /v1/models: the replicas' cards, cached
@@ -100,6 +118,7 @@ class Gateway:
     def forget_upstream(self, url: str) -> None:
         self.reg.forget(url)
         self.scraper.forget(url)
+        self.upstream_auth.forget(url)
 
     def attach_fleet(self, fleet: FleetView) -> None:
         self.fleet_view = fleet
@@ -111,10 +130,12 @@ class Gateway:
         # Proxied calls go through UpstreamClient (see its docstring); this pooled aiohttp session serves
         # health checks, scrapes, guardrails, shadow traffic and https:// upstreams (keep-alive connections
         # are the point; aiohttp, not httpx: 0.18-0.22 ms per call against 0.70-0.75 ms, measured here).
-        conn = aiohttp.TCPConnector(limit=0, limit_per_host=0, ttl_dns_cache=300, keepalive_timeout=60)
+        conn = aiohttp.TCPConnector(limit=0, limit_per_host=gw.max_upstream_connections, ttl_dns_cache=300,
+                                    keepalive_timeout=60)
         self.session = aiohttp.ClientSession(connector=conn, auto_decompress=False, timeout=aiohttp.ClientTimeout(
-            total=None, connect=gw.connect_timeout_s, sock_read=None))
-        self.upstreams = UpstreamClient(gw.connect_timeout_s)
+            total=None, connect=gw.connect_timeout_s, sock_read=None), middlewares=(self.upstream_auth.middleware(),))
+        self.upstreams = UpstreamClient(gw.connect_timeout_s, gw.first_byte_timeout_s, gw.idle_read_timeout_s,
+                                        gw.max_upstream_connections, self.upstream_auth)
         self.proxy = Proxy(self.session, self.m, gw.max_retries, gw.retry_budget, retry_after=gw.eject_for_s,
                            client=self.upstreams)
         if gw.redis_url:
@@ -130,7 +151,11 @@ class Gateway:
                                     self.shared.gid)
             await self.key_sync.start()
         self.health = HealthChecker(self.session, gw.health_interval_s, gw.health_timeout_s, self.scraper)
+        from argosy.gateway.discovery import Discovery  # models with `discover:` (Kubernetes headless Services)
+
+        self.discovery = Discovery(self, gw.health_interval_s)
         self.health.start(lambda: self.reg.by_url.values(), self.gauge_urls)
+        self.discovery.start()
         if self.region_exchange is not None:
             self.region_exchange.start()
 
@@ -140,6 +165,7 @@ class Gateway:
                 for u in rt.upstreams()}
 
     async def shutdown(self) -> None:
+        await self.discovery.stop()
         await self.health.stop()
         if self.region_exchange is not None:
             await self.region_exchange.stop()
@@ -151,6 +177,7 @@ class Gateway:
         if self.session is not None:
             await self.session.close()
             await self.upstreams.close()
+        self.keys.close()
         if self.tracing is not None:
             await asyncio.to_thread(self.tracing.shutdown)  # export the spans still queued
 
@@ -170,7 +197,8 @@ class Gateway:
         try:
             await handler_for(scope["method"], scope["path"])(self, scope, receive, send)
         except GatewayError as e:
-            await respond(send, e.status, e.body(), headers=e.headers())
+            body = tei_error_body(e) if scope["path"] in TEI_PATHS else e.body()  # TEI's shape on TEI's routes
+            await respond(send, e.status, body, headers=e.headers())
 
     # ------------------------------------------------------------------ one proxied request
 
@@ -182,11 +210,14 @@ class Gateway:
         """A proxied request, step by step. A step that refuses it raises a GatewayError (an OpenAI error)."""
         t0 = time.monotonic()
         inbound = self.regions.inbound(scope) if self.regions is not None else None  # another region's gateway
-        key = None if inbound is not None else self.authenticate(scope)
+        key = None if inbound is not None else await self.authenticate(scope)
         await self.check_budget(key)
-        req = ProxiedRequest.parse(path, await read_body(receive), self.fleet.gateway.default_max_tokens)
+        body = await read_body(scope, receive, self.fleet.gateway.max_body_bytes)  # 413 while reading
         if inbound is not None:
-            self.regions.verify(inbound, path, req.body)  # signed with the regions' secret, or 401
+            self.regions.verify(inbound, path, body)  # signed with the regions' secret, or 401
+        if path in TEI_PATHS:
+            body = with_tei_model(body, path, self.kinds)  # TEI's bodies name no model: the one serving the route
+        req = ProxiedRequest.parse(path, body, self.fleet.gateway.default_max_tokens)
         rt = self.model_for(req, key)
         if inbound is None:  # a forwarded request passed them in the region it arrived at
             await self.input_guardrails(rt, req)
@@ -196,20 +227,17 @@ class Gateway:
                                                               send):
             return
         async with self.admitted(rt, key, scope, rq, req):
+            await self.wait_for_replica(rt, key)
             call = rq.call = self.route(rt, req, key, scope, rq, t0)
             if self.regions is not None:  # x-argosy-region; another region if every replica here fails
                 regional(self, call, rt, req, key, scope, inbound)
             await self.forward(rt, call, key, req, receive, send)
         self.log_response(rt, call)
 
-    def authenticate(self, scope: Scope) -> KeyRecord | None:
-        if self.keys.empty:
-            return None  # no keys configured: loopback only (checked at startup), no key needed
-        key = bearer(scope)
-        rec = self.keys.lookup(key) if key else None
+    async def authenticate(self, scope: Scope) -> KeyRecord | None:
+        rec = await self.auth.request_key(scope)  # 401, or 429 for an address with many failures
         if rec is None:
-            raise GatewayError(401, "a valid API key is required (Authorization: Bearer sk-argosy-...)",
-                               "authentication_error", "invalid_api_key")
+            return None  # no keys configured: loopback only (checked at startup), no key needed
         if rec.expired():
             raise GatewayError(401, f"the API key {rec.name!r} has expired", "authentication_error", "key_expired")
         return rec
@@ -231,6 +259,10 @@ class Gateway:
         if key is not None and key.models is not None and req.model not in key.models:
             raise GatewayError(403, f"this key may not use the model {req.model!r}", "permission_error",
                                "model_not_allowed", "model")
+        check_endpoint(rt.name, rt.cfg.kind, req.path)  # 424 for an endpoint its kind does not serve
+        if rt.cfg.kind == "rerank":  # a cross-encoder reads the query once per document
+            _, req.prompt_tokens, _ = encoder_prompt(req.path, req.fields, "rerank")
+            req.estimate = req.prompt_tokens
         return rt
 
     async def input_guardrails(self, rt: ModelRuntime, req: ProxiedRequest) -> None:
@@ -261,12 +293,15 @@ class Gateway:
         if header(scope, b"x-priority") == b"batch":
             prio = PRIORITY["batch"]  # a caller may lower its own priority, never raise it
         span = rq.trace.child("gateway.admission", {"argosy.priority": prio}) if rq.trace else None
+        rt.tokens_in_flight += req.estimate  # queued or admitted: what metric tokens scales on
         try:
             waited = await rt.admission.acquire(prio)
-        except GatewayError as e:
-            self.m.rejections.labels(rt.name, e.code, key_class(key)).inc()
-            if key is not None and key.tpm:
-                await self.limiter.adjust(key.name, key.tpm, min(req.estimate, key.tpm))  # not served: refund
+        except BaseException as e:
+            rt.tokens_in_flight -= req.estimate
+            if isinstance(e, GatewayError):
+                self.m.rejections.labels(rt.name, e.code, key_class(key)).inc()
+                if key is not None and key.tpm:
+                    await self.limiter.adjust(key.name, key.tpm, min(req.estimate, key.tpm))  # not served: refund
             raise
         finally:
             if span is not None:
@@ -276,27 +311,42 @@ class Gateway:
             yield
         finally:
             rt.admission.release()
+            rt.tokens_in_flight -= req.estimate
+
+    async def wait_for_replica(self, rt: ModelRuntime, key: KeyRecord | None) -> None:
+        """Held (bounded) while the model has no live replica but the controller is starting one: scale from
+        zero, or a one-replica model's rolling upgrade. Before routing, so the request goes where one is."""
+        if rt.activator is None:
+            return
+        try:
+            await rt.activator()
+        except GatewayError as e:
+            self.m.rejections.labels(rt.name, e.code, key_class(key)).inc()
+            raise
 
     def route(self, rt: ModelRuntime, req: ProxiedRequest, key: KeyRecord | None, scope: Scope,
               rq: GatewayRequest, t0: float) -> Call:
-        """The revision (traffic split, sticky per session) and everything the proxy needs for the call."""
+        """The revision (traffic split, sticky per session; a rollout's candidate when the request names it)
+        and everything the proxy needs for the call."""
         sess = header(scope, rt.cfg.routing.session_header.lower().encode())
         sess_key = sess.decode(errors="replace") if sess else req.user
-        revision, router = rt.pick(sess_key)
+        wanted = header(scope, rt.cfg.rollout.revision_header.lower().encode()) if rt.selectable else None
+        revision, router = rt.pick(sess_key, wanted.decode(errors="replace") if wanted else None)
         rreq = RouteRequest(req.text, req.prompt_tokens, sess_key)
-        shadow_out = self.shadower.maybe_start(rt, req.path, req.fields, rreq)
-        keep = shadow_out is not None or bool(key and key.tpm) and not req.stream or rt.cfg.debug
+        shadow_out = self.shadower.maybe_start(rt, req.path, req.fields, rreq, revision)
+        billed = key is not None and (key.tpm or req.path in ENCODER_PATHS)  # encoders: exact usage per key
+        keep = (shadow_out is not None or bool(billed) and not req.stream or rt.cfg.debug
+                or rt.recording and not req.stream)  # a rollout's samples count the answer's tokens
         return Call(rt.name, revision, req.path, req.body, req.stream, rreq, req.estimate, router, t0,
                     rt.output_guard, keep_output=keep, trace=rq.trace, headers=rq.upstream_headers,
-                    request_id=rq.request_id, shadow_out=shadow_out)
+                    request_id=rq.request_id, shadow_out=shadow_out, fallback=rt.fallback_for(revision),
+                    gaps=[] if rt.recording and req.stream else None)
 
     async def forward(self, rt: ModelRuntime, call: Call, key: KeyRecord | None, req: ProxiedRequest,
                       receive: Receive, send: Send) -> None:
-        """Hold the request while a model scaled to zero starts a replica, then proxy it; record the outcome."""
+        """Proxy the request; record the outcome (and, during a rollout, its sample for the analysis)."""
         disconnected = asyncio.ensure_future(receive()) if call.stream else None
         try:
-            if rt.activator is not None:
-                await rt.activator()  # scaled to zero: held (bounded) while the controller starts a replica
             await self.proxy.forward(call, send, disconnected)
         except GatewayError as e:
             self.m.rejections.labels(rt.name, e.code, key_class(key)).inc()
@@ -309,7 +359,11 @@ class Gateway:
             self.m.e2e.labels(rt.name, call.route, call.upstream).observe(time.monotonic() - call.t0)
             if call.shadow_out is not None and not call.shadow_out.done():
                 call.shadow_out.set_result((call.output, call.stream))
-            await account(self.limiter, key, call, req, self.prices)
+            if rt.recording and not 400 <= call.status < 500:
+                rt.stats.add(RequestSample(time.monotonic(), call.route, LIVE, call.status != 200,
+                                           time.monotonic() - call.t0, call.ttft, call.gaps,
+                                           output_tokens(call.stream, call.completion_events, call.output)))
+            await account(self.limiter, key, call, req, self.prices, rt.cfg.kind if req.path in ENCODER_PATHS else None)
 
     def log_response(self, rt: ModelRuntime, call: Call) -> None:
         if rt.cfg.debug or self.log_content:
@@ -320,6 +374,7 @@ class Gateway:
 ROUTES: dict[tuple[str, str], Handler] = {
     **{("POST", path): Gateway.proxied for path in PROXIED},
     ("GET", "/health"): endpoints.health,
+    ("GET", "/openapi.json"): endpoints.openapi,  # every route here is in it (gateway/openapi.py)
     ("HEAD", "/health"): endpoints.health,
     ("GET", "/v1/models"): endpoints.list_models,
     ("GET", "/metrics"): endpoints.metrics,
@@ -336,10 +391,15 @@ ROUTES: dict[tuple[str, str], Handler] = {
     ("POST", "/regions/exchange"): region_endpoints.exchange,
     ("GET", "/admin/regions"): region_endpoints.status,
     ("POST", "/admin/preempt"): region_endpoints.preempt,
+    ("GET", "/admin/rollouts"): rollout_api.list_rollouts,
+    ("GET", "/admin/shadow"): rollout_api.shadow_report,
 }
 PREFIX_ROUTES: list[tuple[str, str, Handler]] = [  # a path under a folder: the handler reads the rest
     ("DELETE", "/admin/keys/", admin.revoke_key),
     ("POST", "/admin/keys/", admin.rotate_key),
+    ("GET", "/admin/rollouts/", rollout_api.get_rollout),
+    ("POST", "/admin/rollouts/", rollout_api.command),
+    ("GET", "/admin/shadow/", rollout_api.shadow_report),
     ("GET", "/dashboard/", dashboard.static_file),
 ]
 

@@ -8,7 +8,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from argosy.gateway.errors import bad_request
+from argosy.gateway.components import ENCODER_PATHS, encoder_prompt, set_encoder_texts
+from argosy.gateway.limits import parse_json
 from argosy.gateway.validation import check_body
 
 
@@ -30,14 +31,11 @@ class ProxiedRequest:
     @classmethod
     def parse(cls, path: str, body: bytes, default_max_tokens: int) -> ProxiedRequest:
         """Parse and check (validation.check_body) before anything acts on the body: a 400 otherwise."""
-        try:
-            req = json.loads(body)
-        except (ValueError, RecursionError):  # not JSON, not UTF-8, or nested past the parser's depth
-            raise bad_request("the body must be a JSON object (with a 'model' field)", None, "invalid_json") from None
+        req = parse_json(body)  # strict: no NaN or Infinity, no lone surrogates; too deep or not UTF-8: a 400
         check_body(path, req)
         text, ptoks, texts = prompt_of(path, req)
         max_toks = req.get("max_tokens") or req.get("max_completion_tokens") or default_max_tokens
-        est = ptoks + (int(max_toks) if path != "/v1/embeddings" else 0)
+        est = ptoks + (int(max_toks) if path not in ENCODER_PATHS else 0)
         return cls(path, body, req, req["model"], bool(req.get("stream")), req.get("user") or None, text, ptoks,
                    texts, est)
 
@@ -49,6 +47,8 @@ class ProxiedRequest:
 
 def prompt_of(path: str, req: dict) -> tuple[str, int, list[str]]:
     """(routing text, estimated prompt tokens, the texts input guardrails see)."""
+    if path in ENCODER_PATHS:  # embeddings and rerank (a cross-encoder's estimate: Gateway.model_for)
+        return encoder_prompt(path, req, "embed")
     if path == "/v1/chat/completions":
         texts, parts = [], []
         for m in req.get("messages") or []:
@@ -73,6 +73,8 @@ def prompt_of(path: str, req: dict) -> tuple[str, int, list[str]]:
 
 def set_texts(path: str, req: dict, texts: list[str]) -> None:
     """Write (redacted) texts back where prompt_of found them."""
+    if path in ENCODER_PATHS:
+        return set_encoder_texts(path, req, texts)
     it = iter(texts)
     if path == "/v1/chat/completions":
         for m in req.get("messages") or []:

@@ -8,13 +8,17 @@ endpoints need the admin key whatever else is set (admin.require_admin).
 from __future__ import annotations
 
 import argparse
+import signal
 import socket
 import sys
+import threading
 
 from argosy.bind_errors import port_problem
 from argosy.config import FleetConfigError, load_fleet, parse_fleet
 from argosy.gateway import local_admin
 from argosy.gateway.admin import is_loopback
+from argosy.gateway.keys import KeyStore
+from argosy.gateway.pepper import PepperError
 from argosy.gateway.regions.auth import SecretError
 from argosy.observe.logs import add_logging_arguments, setup_logging
 
@@ -70,6 +74,11 @@ def bind(fleet, args: argparse.Namespace, prog: str) -> tuple[socket.socket, str
               f"reach it could use every model.\nAdd a key first:  argosy keys add NAME --config "
               f"{getattr(args, 'config', None) or 'fleet.yaml'}\nor bind 127.0.0.1, or pass --insecure.",
               file=sys.stderr)
+        return None
+    try:  # keys hashed with a pepper this gateway cannot find: one line now, not 401 for every key later
+        KeyStore.from_fleet(fleet)
+    except PepperError as e:
+        print(f"{prog}: {e}", file=sys.stderr)
         return None
     # The shared step of `argosy gateway` and `argosy serve` before their app exists: logs and traces too.
     try:
@@ -131,8 +140,25 @@ def serve_on(app, fleet, sock: socket.socket) -> int:
     # log_config=None: uvicorn's own loggers go through the root handler (JSON or text, as chosen).
     # proxy_headers=False: the gateway is the front door and trusts no X-Forwarded-* header (and skips
     # that middleware's work on every request).
-    cfg = uvicorn.Config(app, lifespan="on", access_log=False, log_level="warning", ssl_certfile=tls.cert,
-                         ssl_keyfile=tls.key, timeout_graceful_shutdown=5, log_config=None, proxy_headers=False,
-                         server_header=False)
-    uvicorn.Server(cfg).run(sockets=[sock])
+    from argosy.gateway.connections import guarded_protocol
+    from argosy.gateway.shutdown import AnswerOnCancel
+
+    cfg = uvicorn.Config(AnswerOnCancel(app), http=guarded_protocol(fleet.gateway.request_header_timeout_s),
+                         lifespan="on", access_log=False, log_level="warning", ssl_certfile=tls.cert,
+                         ssl_keyfile=tls.key, timeout_graceful_shutdown=fleet.gateway.drain_timeout_s,
+                         log_config=None, proxy_headers=False, server_header=False)
+    # uvicorn shuts down gracefully on SIGTERM, then raises the signal again so the exit status says why it
+    # ended; that re-raise reaches this handler: a requested, completed stop exits 0 (`podman stop`,
+    # Kubernetes), as an orchestrator expects. Ctrl-C (SIGINT) keeps its 130.
+    main = threading.current_thread() is threading.main_thread()  # handlers can be set from there only
+    previous = signal.signal(signal.SIGTERM, _stopped) if main else None
+    try:
+        uvicorn.Server(cfg).run(sockets=[sock])
+    finally:
+        if main:
+            signal.signal(signal.SIGTERM, previous)
     return 0
+
+
+def _stopped(signum, frame) -> None:
+    raise SystemExit(0)

@@ -1,9 +1,9 @@
 """The live dashboard, served by the gateway (docs/observe.md).
 
     GET /dashboard            the page (argosy/observe/static/index.html); it polls /dashboard/data every 2 s
-    GET /dashboard/data       JSON: models, replicas with state and load, autoscaler decisions, time series,
-                              each API key's usage and spend (the admin key when the gateway listens beyond
-                              loopback: it names replicas and keys)
+    GET /dashboard/data       JSON: models, replicas with state and load, autoscaler decisions, rollouts and
+                              shadow agreement (docs/rollouts.md), time series, each API key's usage and spend
+                              (the admin key when the gateway listens beyond loopback: it names replicas and keys)
     GET /dashboard/<file>     the page's script and styles and the vendored uPlot (MIT), from the package
 
 Charts come from uPlot, vendored into argosy/observe/static/ (no CDN: a fleet often has no internet). The
@@ -44,7 +44,7 @@ async def static_file(gw: Gateway, scope: Scope, receive: Receive, send: Send) -
 
 
 async def data(gw: Gateway, scope: Scope, receive: Receive, send: Send) -> None:
-    require_admin_beyond_loopback(gw, scope)  # it lists replica URLs and key names; the page itself stays open
+    await require_admin_beyond_loopback(gw, scope)  # it lists replica URLs and key names; the page itself stays open
     body = await snapshot(gw)
     body["keys"] = await key_usage(gw)
     await respond(send, 200, json.dumps(body).encode())
@@ -67,7 +67,10 @@ async def snapshot(gw: Gateway) -> dict[str, Any]:
 
     async def replica_gauges(urls: list[str]) -> dict[str, dict[str, float]]:
         got = await gw.scraper.refresh(urls, max_age=MIN_INTERVAL_S)
-        return {u: {"kv": g.kv_usage, "waiting": g.waiting, "running": g.running} for u, g in got.items()}
+        return {u: {"kv": g.kv_usage, "waiting": g.waiting, "running": g.running,
+                    **{k: v for k, v in (("busy", g.device_busy), ("memory", g.device_memory),
+                                         ("throttled", g.throttled)) if v is not None}}
+                for u, g in got.items()}
 
     await sampler.sample({m["model"]: [r["url"] for r in m["replicas"] if r["url"]] for m in models}, replica_gauges)
     gauges = sampler.last.replicas if sampler.last else {}
@@ -75,8 +78,10 @@ async def snapshot(gw: Gateway) -> dict[str, Any]:
         for r in m["replicas"]:
             g = gauges.get(r["url"] or "", {})
             r["kv_cache_usage"], r["waiting"], r["running"] = g.get("kv"), g.get("waiting"), g.get("running")
+            r["device_busy"], r["device_memory"], r["throttled"] = g.get("busy"), g.get("memory"), g.get("throttled")
     return {"now": time.time(), "poll_s": 2.0, "history_points": HISTORY, "models": models,
-            "decisions": decisions(gw), **sampler.series()}
+            "decisions": decisions(gw), "rollouts": gw.fleet_view.rollout_status() if gw.fleet_view else [],
+            "shadow": gw.shadower.pairs.report(), **sampler.series()}
 
 
 def model_table(gw: Gateway) -> list[dict[str, Any]]:
@@ -88,7 +93,8 @@ def model_table(gw: Gateway) -> list[dict[str, Any]]:
     for name, rt in gw.models.items():
         st = managed.get(name)
         if st is not None:
-            replicas = [{"id": r["id"], "state": r["state"], "pooled": r["pooled"], "url": r["url"],
+            replicas = [{"id": r["id"], "revision": r.get("revision"), "state": r["state"], "pooled": r["pooled"],
+                         "url": r["url"],
                          "node": r["node"], "in_flight": r["in_flight"], "age_s": r["age_s"],
                          "cold_start_s": r["cold_start_s"], "region": r.get("region"), "provider": r.get("provider"),
                          "capacity_kind": r.get("capacity_kind"), "usd_per_hour": r.get("usd_per_hour")}

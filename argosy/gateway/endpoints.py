@@ -1,4 +1,4 @@
-"""The gateway's own small endpoints: /health, /v1/models, /metrics and /metrics/targets."""
+"""The gateway's own small endpoints: /health, /v1/models, /metrics, /metrics/targets and /openapi.json."""
 
 from __future__ import annotations
 
@@ -17,9 +17,15 @@ async def health(gw: Gateway, scope: Scope, receive: Receive, send: Send) -> Non
 
 
 async def list_models(gw: Gateway, scope: Scope, receive: Receive, send: Send) -> None:
-    gw.authenticate(scope)
+    await gw.authenticate(scope)
     data = await gw.model_cards.cards(gw.models, gw.session)  # max_model_len, revision, kind (model_cards.py)
     await respond_json(send, 200, {"object": "list", "data": data})
+
+
+async def openapi(gw: Gateway, scope: Scope, receive: Receive, send: Send) -> None:
+    from argosy.gateway.openapi import document
+
+    await respond_json(send, 200, document(list(gw.models)))
 
 
 async def metrics(gw: Gateway, scope: Scope, receive: Receive, send: Send) -> None:
@@ -27,7 +33,7 @@ async def metrics(gw: Gateway, scope: Scope, receive: Receive, send: Send) -> No
 
 
 async def metrics_targets(gw: Gateway, scope: Scope, receive: Receive, send: Send) -> None:
-    require_admin_beyond_loopback(gw, scope)  # replica URLs: a way around the gateway's keys and limits
+    await require_admin_beyond_loopback(gw, scope)  # replica URLs: a way around the gateway's keys and limits
     await respond(send, 200, http_sd(replica_targets(gw)))
 
 

@@ -80,8 +80,8 @@ class Upstream:
         self.failures += 1
         self.probing = False
         if self.state == HALF_OPEN or self.failures >= self.eject_after:
-            if self.state != OPEN:
-                self.opened_at = time.monotonic()
+            if self.state != OPEN or not passive:  # each failing health check restarts the cooldown: no
+                self.opened_at = time.monotonic()  # request is sent to probe an upstream known to be down
             self.state = OPEN
 
     def snapshot(self) -> dict:

@@ -19,9 +19,10 @@ from pathlib import Path
 import httpx
 import yaml
 
-from argosy.config import FleetConfigError, parse_fleet
+from argosy.config import FleetConfigError, load_fleet, parse_fleet
 from argosy.gateway import local_admin
-from argosy.gateway.keys import new_key
+from argosy.gateway.keys import check_pepper, new_key
+from argosy.gateway.pepper import fleet_pepper
 
 PROG = "argosy keys"
 
@@ -185,7 +186,13 @@ def _offline(args) -> int:
         print(render([{**k, "source": "fleet", "usage": None} for k in keys]))
         print(f"(from {path}; usage needs a running gateway: drop --offline)", file=sys.stderr)
         return 0
-    key, key_hash = new_key() if verb in ("add", "rotate") else (None, None)
+    key = key_hash = None
+    if verb in ("add", "rotate"):
+        pepper = fleet_pepper(path)
+        why = check_pepper(load_fleet(path), pepper, "the pepper found") if path.exists() else None
+        if why:  # a second pepper would leave the file's other keys unverifiable
+            raise KeysError(why)
+        key, key_hash = new_key(pepper)
     _write_file(args, key_hash)
     if key is not None:
         print(key)

@@ -11,10 +11,11 @@ forgot to, and an upstream that is gone is gone from /metrics too.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Iterable, Iterator
 
 import prometheus_client
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -50,6 +51,9 @@ class GatewayMetrics:
                               registry=r)
         self.shadow_latency = Histogram("argosy_gateway_shadow_e2e_seconds", "Shadow request latency", ["model"],
                                         buckets=LAT, registry=r)
+        tasks = Gauge("argosy_gateway_asyncio_tasks", "Asyncio tasks in the gateway's event loop (leak checks)",
+                      registry=r)
+        tasks.set_function(lambda: len(asyncio.all_tasks()))  # read at scrape time, in the loop's thread
 
     def watch(self, admission: Callable[[], Iterable[tuple[str, AdmissionLoad]]],
               upstreams: Callable[[], Iterable[Upstream]]) -> None:

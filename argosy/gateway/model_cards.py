@@ -23,9 +23,10 @@ class ModelCards:
 
     async def _card(self, rt: Any, session: aiohttp.ClientSession | None) -> dict[str, Any]:
         cfg = rt.cfg
+        stable = cfg.resolved().get(rt.stable) if cfg.revisions else None  # a rollout may have moved it
         card: dict[str, Any] = {"id": rt.name, "object": "model", "created": self.created, "owned_by": "argosy",
-                                "root": cfg.checkpoint or rt.name, "parent": None, "max_model_len": None,
-                                "revision": cfg.revision, "kind": "generate"}
+                                "root": (stable.checkpoint if stable else cfg.checkpoint) or rt.name, "parent": None,
+                                "max_model_len": None, "revision": rt.stable, "kind": cfg.kind}
         if len(rt.weights) > 1:
             card["traffic"] = [{"revision": rev, "weight": w} for rev, w in rt.weights]
         served = await self._replica_card(rt, session)

@@ -22,7 +22,7 @@ from argosy.gateway.guardrails import Blocked
 from argosy.gateway.health import Upstream
 from argosy.gateway.router import Router, RouteRequest
 from argosy.gateway.stream import StreamFilter, rewrite_full
-from argosy.gateway.upstream_client import UpstreamClient
+from argosy.gateway.upstream_client import Response, UpstreamClient, UpstreamTimeout
 from argosy.observe.tracing import mark_first_token, set_http_status
 
 log = logging.getLogger("argosy.gateway")
@@ -57,6 +57,10 @@ class Call:
     # Called once when the router has no upstream left before the first byte: may point the call at another
     # region (its router, headers) and return True (docs/regions.md: failover on health, per request).
     failover: Any = None
+    fallback: tuple[str, Router] | None = None  # (the stable revision, its router): where a request goes
+    # when its own revision has no upstream left before the first byte
+    ttft: float | None = None  # streamed: seconds to the first chunk
+    gaps: list[float] | None = None  # streamed, when the model records samples: seconds between chunks
 
 
 def stream_error(message: str, code: str) -> bytes:
@@ -87,7 +91,10 @@ class Proxy:
         while True:
             route = call.trace.child("gateway.route", {"argosy.revision": call.route}) if call.trace else None
             u = call.router.choose(call.rreq, tried)
-            if u is None and call.failover is not None:
+            if u is None and call.fallback is not None:  # the revision has nothing left: the stable's
+                (call.route, call.router), call.fallback = call.fallback, None
+                u = call.router.choose(call.rreq, tried)
+            if u is None and call.failover is not None:  # the region has nothing left: another region's
                 go, call.failover = call.failover, None
                 if go(call):
                     u = call.router.choose(call.rreq, tried)
@@ -106,6 +113,13 @@ class Proxy:
             u.on_start(call.tokens)
             try:
                 done = await self._attempt(call, u, send, disconnected, span)
+            except UpstreamTimeout as e:  # it took the request and went silent: waiting again elsewhere doubles it
+                u.failure()
+                log.warning("upstream %s timed out before the first byte: %s", u.url, e)
+                if span is not None:
+                    set_http_status(span, 0, str(e))
+                raise GatewayError(504, f"model {call.model!r}: {e}; retry later", "upstream_error",
+                                   "upstream_timeout", retry_after=self.retry_after) from None
             except (TimeoutError, aiohttp.ClientError, OSError) as e:
                 u.failure()
                 last_error = f"{type(e).__name__} from {u.url}"
@@ -127,14 +141,16 @@ class Proxy:
     async def _attempt(self, call: Call, u: Upstream, send, disconnected, span=None) -> bool:
         """True when the user got an answer; False to retry elsewhere (nothing was sent yet)."""
         headers = call.headers if span is None else call.trace.inject(span, call.headers)
+        t_sent = time.monotonic()
         if u.url.startswith("http://"):
             resp = await self.client.post(u.url + call.path, call.body, headers)
         else:
-            resp = await self.session.post(u.url + call.path, data=call.body, headers=headers)
+            resp = await self._post_https(u.url + call.path, call.body, headers)
         if span is not None:
             set_http_status(span, resp.status)
         rid = [(b"x-request-id", call.request_id.encode())] if call.request_id else []
         rid += [*call.reply_headers, *u.reply_headers]  # a region upstream names itself (x-argosy-region)
+        rid.append((b"x-argosy-revision", call.route.encode()))  # which revision answered (rollouts)
         try:
             if resp.status in RETRYABLE:
                 await resp.read()
@@ -159,7 +175,7 @@ class Proxy:
                 if span is not None:
                     mark_first_token(span, call.t0)
                 return True
-            first = await resp.content.readany()  # still retryable until this arrives
+            first = await self._first_chunk(resp, t_sent)  # still retryable until this arrives
             if not first:
                 u.failure()
                 return False
@@ -173,6 +189,28 @@ class Proxy:
             return True
         finally:
             resp.release()
+
+    async def _post_https(self, url: str, body: bytes, headers: dict[str, str]):
+        c = self.client
+        timeout = aiohttp.ClientTimeout(total=None, connect=c.connect_timeout_s, sock_read=c.idle_read_timeout_s)
+        try:
+            async with asyncio.timeout(c.first_byte_timeout_s):
+                return await self.session.post(url, data=body, headers=headers, timeout=timeout)
+        except TimeoutError:
+            raise UpstreamTimeout(f"no response from the upstream within {c.first_byte_timeout_s:g} s",
+                                  first_byte=True) from None
+
+    async def _first_chunk(self, resp, t_sent: float) -> bytes:
+        """A stream's first bytes, within what is left of the first-byte timeout."""
+        left = max(0.0, self.client.first_byte_timeout_s - (time.monotonic() - t_sent))
+        if isinstance(resp, Response):
+            return await resp.readany(left)
+        try:
+            async with asyncio.timeout(left):
+                return await resp.content.readany()
+        except TimeoutError:
+            raise UpstreamTimeout(f"no response from the upstream within {self.client.first_byte_timeout_s:g} s",
+                                  first_byte=True) from None
 
     async def _check_full(self, call: Call, body: bytes, send) -> bytes | None:
         """Output guardrails on a whole (non-streamed) response; None when it was blocked (error sent)."""
@@ -192,7 +230,9 @@ class Proxy:
         filt = StreamFilter(call.guard) if call.guard is not None else None
         keep = call.keep_output
         now = time.monotonic()
-        ttft.observe(now - call.t0)
+        call.ttft = now - call.t0
+        ttft.observe(call.ttft)
+        gaps = call.gaps
         last_t, saw_done, events = now, False, 0
         it = resp.content.iter_any()
         try:
@@ -212,21 +252,30 @@ class Proxy:
                             f"the response was blocked by a guardrail: {e}", "content_filter"), "more_body": False})
                         return
                 if chunk:
-                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                    try:  # a client that stops reading holds the upstream only this long (Envoy: stream idle)
+                        async with asyncio.timeout(self.client.idle_read_timeout_s):
+                            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                    except TimeoutError:
+                        log.warning("a client read nothing for %g s; its stream ends", self.client.idle_read_timeout_s)
+                        call.status = 499
+                        return  # releasing resp aborts the upstream request
                 try:
                     chunk = await it.__anext__()
                 except StopAsyncIteration:
                     break
                 now = time.monotonic()
                 itl.observe(now - last_t)
+                if gaps is not None:
+                    gaps.append(now - last_t)
                 last_t = now
         except (TimeoutError, aiohttp.ClientError, OSError) as e:
             u.failure()
             log.warning("upstream %s failed mid-stream: %s", u.url, type(e).__name__)
             call.status = 502
-            await send({"type": "http.response.body", "more_body": False,
-                        "body": stream_error("the upstream failed mid-stream; the response is incomplete",
-                                             "upstream_failed_mid_stream")})
+            timed_out = isinstance(e, UpstreamTimeout)
+            await send({"type": "http.response.body", "more_body": False, "body": stream_error(
+                f"the upstream {'went silent' if timed_out else 'failed'} mid-stream; the response is incomplete",
+                "upstream_timeout" if timed_out else "upstream_failed_mid_stream")})
             return
         finally:
             call.completion_events = events

@@ -7,7 +7,12 @@ sharing the Redis enforces the same limit (not limit x gateways).
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
+
+log = logging.getLogger("argosy.gateway")
+REDIS_TIMEOUT_S = 0.5  # longer, and a request goes on with this gateway's own buckets (see RedisLimiter)
 
 TAKE_LUA = """
 local t = redis.call('TIME')
@@ -52,7 +57,9 @@ return 0
 """
 
 
-USAGE_FIELDS = ("requests", "tokens", "input_tokens", "output_tokens", "spend_micro_usd")
+# embed_tokens, rerank_tokens: the tokens of requests to encoder models (kind embed, rerank), billed apart
+USAGE_FIELDS = ("requests", "tokens", "input_tokens", "output_tokens", "spend_micro_usd", "embed_tokens",
+                "rerank_tokens")
 
 
 class MemoryLimiter:
@@ -104,23 +111,59 @@ class RedisLimiter:
         self.r, self.p = redis, prefix
         self._take = redis.register_script(TAKE_LUA)
         self._adjust = redis.register_script(ADJUST_LUA)
+        self.fallback = MemoryLimiter()  # this gateway's own buckets while Redis is away
+        self.down = False
+
+    async def _redis(self, call):
+        """The call's result, or raises _Unreachable (logged once per outage) within REDIS_TIMEOUT_S."""
+        import redis.exceptions
+
+        try:
+            async with asyncio.timeout(REDIS_TIMEOUT_S):
+                out = await call()
+        except (TimeoutError, OSError, redis.exceptions.RedisError) as e:
+            if not self.down:
+                log.warning("redis unreachable (%s): rate limits fall back to this gateway's own buckets",
+                            type(e).__name__)
+            self.down = True
+            raise _Unreachable from None
+        if self.down:
+            log.warning("redis reachable again: rate limits shared again")
+            self.down = False
+        return out
 
     async def take(self, name: str, rpm: int | None, tpm: int | None, tokens: int) -> float:
-        ms = await self._take(keys=[f"{self.p}rl:{name}:rpm", f"{self.p}rl:{name}:tpm"],
-                              args=[rpm or 0, tpm or 0, tokens])
+        try:
+            ms = await self._redis(lambda: self._take(keys=[f"{self.p}rl:{name}:rpm", f"{self.p}rl:{name}:tpm"],
+                                                      args=[rpm or 0, tpm or 0, tokens]))
+        except _Unreachable:
+            return await self.fallback.take(name, rpm, tpm, tokens)
         return int(ms) / 1000
 
     async def adjust(self, name: str, tpm: int | None, delta: int) -> None:
         if tpm and delta:
-            await self._adjust(keys=[f"{self.p}rl:{name}:tpm"], args=[tpm, delta])
+            try:
+                await self._redis(lambda: self._adjust(keys=[f"{self.p}rl:{name}:tpm"], args=[tpm, delta]))
+            except _Unreachable:
+                await self.fallback.adjust(name, tpm, delta)
 
     async def count(self, name: str, requests: int, tokens: int, **split: int) -> None:
         pipe = self.r.pipeline(transaction=False)
         for field, n in {"requests": requests, "tokens": tokens, **split}.items():
             if n:
                 pipe.hincrby(f"{self.p}usage:{name}", field, n)
-        await pipe.execute()
+        try:
+            await self._redis(pipe.execute)
+        except _Unreachable:
+            await self.fallback.count(name, requests, tokens, **split)
 
     async def get_usage(self, name: str) -> dict[str, int]:
-        v = await self.r.hgetall(f"{self.p}usage:{name}")
+        try:
+            v = await self._redis(lambda: self.r.hgetall(f"{self.p}usage:{name}"))
+        except _Unreachable:
+            return await self.fallback.get_usage(name)
         return {field: int(v.get(field.encode(), 0)) for field in USAGE_FIELDS}
+
+
+class _Unreachable(Exception):
+    pass

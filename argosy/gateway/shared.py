@@ -38,10 +38,13 @@ class Shared:
         for t in self.tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
+        with contextlib.suppress(Exception):  # bounded: a gateway stops even when Redis is gone
+            async with asyncio.timeout(1.0):
+                await self.r.delete(f"{self.p}inflight:{self.gid}")
+                await self.r.srem(f"{self.p}gateways", self.gid)
         with contextlib.suppress(Exception):
-            await self.r.delete(f"{self.p}inflight:{self.gid}")
-            await self.r.srem(f"{self.p}gateways", self.gid)
-            await self.pubsub.aclose()
+            async with asyncio.timeout(1.0):
+                await self.pubsub.aclose()
 
     # ---- prefix index
     def publish_prefix(self, hashes: list[bytes], url: str) -> None:
@@ -59,24 +62,43 @@ class Shared:
         pipe = self.r.pipeline(transaction=False)
         for m in msgs:
             pipe.publish(CHANNEL, m)
-        await pipe.execute()
+        async with asyncio.timeout(1.0):  # lost while Redis is away: the index is a routing hint
+            await pipe.execute()
 
     async def _listen(self) -> None:
+        """Other gateways' prefix inserts; resubscribes after Redis comes back."""
         me = self.gid.encode()
-        async for msg in self.pubsub.listen():
-            if msg.get("type") != "message":
-                continue
+        while True:
             try:
-                gid, url, blob = msg["data"].split(b"\n", 2)
-            except ValueError:
+                async for msg in self.pubsub.listen():
+                    if msg.get("type") != "message":
+                        continue
+                    try:
+                        gid, url, blob = msg["data"].split(b"\n", 2)
+                    except ValueError:
+                        continue
+                    if gid != me:
+                        self.index.insert([blob[i:i + 8] for i in range(0, len(blob), 8)], url.decode())
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                log.warning("redis prefix channel lost (%s); resubscribing", type(e).__name__)
+            await asyncio.sleep(1.0)
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(1.0):
+                    await self.pubsub.aclose()
+            try:
+                self.pubsub = self.r.pubsub()
+                async with asyncio.timeout(1.0):
+                    await self.pubsub.subscribe(CHANNEL)
+            except Exception:  # still away: next round
                 continue
-            if gid != me:
-                self.index.insert([blob[i:i + 8] for i in range(0, len(blob), 8)], url.decode())
 
     # ---- in-flight counts
     async def _sync_loop(self) -> None:
         key, members = f"{self.p}inflight:{self.gid}", f"{self.p}gateways"
         ttl_ms = int(self.period * 5000) + 1000
+        failing = False
         while True:
             try:
                 counts = {u.url: u.in_flight for u in self.reg.by_url.values()}
@@ -87,14 +109,17 @@ class Shared:
                 pipe.pexpire(key, ttl_ms)
                 pipe.sadd(members, self.gid)
                 pipe.smembers(members)
-                gids = (await pipe.execute())[-1]
+                async with asyncio.timeout(1.0):
+                    gids = (await pipe.execute())[-1]
                 others = [g.decode() for g in gids if g.decode() != self.gid]
                 remote: dict[str, int] = {}
                 if others:
                     pipe = self.r.pipeline(transaction=False)
                     for g in others:
                         pipe.hgetall(f"{self.p}inflight:{g}")
-                    for g, h in zip(others, await pipe.execute(), strict=True):
+                    async with asyncio.timeout(1.0):
+                        hashes = await pipe.execute()
+                    for g, h in zip(others, hashes, strict=True):
                         if not h:
                             await self.r.srem(members, g)  # expired: that gateway is gone
                         for url, n in h.items():
@@ -103,6 +128,10 @@ class Shared:
                     u.remote_in_flight = remote.get(u.url, 0)
             except asyncio.CancelledError:
                 raise
-            except Exception as e:  # redis hiccup: keep serving on local counts
-                log.warning("redis in-flight sync failed: %s", e)
+            except Exception as e:  # redis hiccup: keep serving on local counts (said once per outage)
+                if not failing:
+                    log.warning("redis in-flight sync failed (%s); routing on this gateway's counts", e)
+                failing = True
+            else:
+                failing = False
             await asyncio.sleep(self.period)

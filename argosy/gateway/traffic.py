@@ -1,36 +1,31 @@
 """A model as the gateway sees it: admission, guardrails, weighted routes between revisions (the
-mechanism canary rollouts use) and shadow mirroring of a sampled share of requests.
+mechanism rollouts drive) and where its shadow traffic goes (argosy.gateway.shadow).
 
 ModelRuntime is also what the fleet controller drives (argosy.fleet.seams.ModelRoutes): replicas join
-and leave its routing sets, it reports in-flight and finished counts per replica and the admission
-load, and the controller's activator hook holds requests while a model scaled to zero starts.
-
-Shadows run as background tasks against their own upstreams: never awaited by the user's request,
-dropped (not queued) beyond `shadow.max_in_flight`; the gateway records their latency and whether
-their output agrees with what the user got.
+and leave its revisions' routing sets, a rollout sets the split, the candidate's shadow and session
+pins, and reads the per-revision request samples (RevisionStats); it reports in-flight and finished
+counts per replica and the admission load, and the controller's activator hook holds requests while
+a model has no live replica but one is starting (scale from zero, a rolling upgrade of one replica).
 """
 
 from __future__ import annotations
 
-import asyncio
+import dataclasses
 import hashlib
-import json
-import logging
 import random
-import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
-
-import aiohttp
 
 from argosy.config import GatewayConfig, ModelConfig, TrafficRoute
 from argosy.gateway.admission import Admission, AdmissionLoad
 from argosy.gateway.guardrails import Guardrails
 from argosy.gateway.health import Upstream
 from argosy.gateway.prefix_index import PrefixIndex
-from argosy.gateway.router import Router, RouteRequest
+from argosy.gateway.revision_stats import RevisionStats, WindowStats
+from argosy.gateway.router import Router
 from argosy.gateway.scraper import ReplicaGauges
-
-log = logging.getLogger("argosy.gateway")
+from argosy.gateway.shadow import ShadowTarget
+from argosy.gateway.shadow_pairs import PairStore
 
 
 class UpstreamRegistry:
@@ -64,18 +59,23 @@ class UpstreamRegistry:
 class ModelRuntime:
     def __init__(self, cfg: ModelConfig, reg: UpstreamRegistry, index: PrefixIndex, on_insert, session_getter):
         self.cfg, self.name, self.reg = cfg, cfg.name, reg
+        self.index, self.on_insert = index, on_insert
         self.admission = Admission(cfg.admission)
+        self.tokens_in_flight = 0  # estimated tokens of the requests admitted or queued (Gateway.admitted)
         g = cfg.guardrails
         self.guardrails = Guardrails(g, session_getter) if (g.input or g.output) else None
         self.output_guard = self.guardrails if g.output else None
         self.routers: dict[str, Router] = {}
-        routes = cfg.traffic or [TrafficRoute(revision=cfg.revision, weight=1.0)]
+        self.stable = cfg.stable_at_start()
+        routes = cfg.traffic or [TrafficRoute(revision=self.stable, weight=1.0)]
         self.weights: list[tuple[str, float]] = []
         for r in routes:
             own = r.revision == cfg.revision
             urls = r.upstreams if r.upstreams is not None else (cfg.upstreams or [] if own else [])
-            self._router(r.revision, urls, index, on_insert)
+            self._router(r.revision, urls)
             self.weights.append((r.revision, r.weight))
+        for rev in cfg.resolved() if cfg.revisions else ():
+            self.routers.get(rev) or self._router(rev, [])
         self.total_weight = sum(w for _, w in self.weights) or 1.0
         self.shadow = cfg.shadow
         self.shadow_router: Router | None = None
@@ -86,18 +86,43 @@ class ModelRuntime:
             least_load = cfg.routing.model_copy(update={"policy": "least_load", "scorers": None})
             self.shadow_router = Router(least_load, None, index)
             self.shadow_router.set_upstreams([reg.get(x) for x in cfg.shadow.upstreams or []])
+        # A rollout (argosy.fleet.rollout) drives the rest: the candidate's shadow, the revisions a request
+        # may name in `rollout.revision_header`, session pins and the per-revision request samples.
+        self.rollout_shadow: ShadowTarget | None = None
+        self.selectable: frozenset[str] = frozenset()
+        self.pins: SessionPins | None = None
+        self.recording = False
+        self.stats = RevisionStats()
+        self.pairs = PairStore()  # the gateway's Shadower shares its own (Gateway.__init__)
 
-    def _router(self, revision: str, urls: list[str], index, on_insert) -> Router:
-        r = Router(self.cfg.routing, self.cfg.length_classes, index, on_insert)
+    def _router(self, revision: str, urls: list[str]) -> Router:
+        r = Router(self.cfg.routing, self.cfg.length_classes, self.index, self.on_insert)
         r.set_upstreams([self.reg.get(x) for x in urls])
         self.routers[revision] = r
         return r
 
-    def pick(self, session_key: str | None) -> tuple[str, Router]:
+    def pick(self, session_key: str | None, wanted: str | None = None) -> tuple[str, Router]:
+        """The revision for a request: one named in the revision header (a rollout's candidate or stable),
+        else the session's pinned one while a rollout runs, else by weight (a session key hashes to a
+        stable choice); a revision with nothing live gives way to one that has."""
+        if wanted is not None and wanted in self.selectable and self._live(wanted):
+            return wanted, self.routers[wanted]
         if len(self.weights) == 1:
             rev = self.weights[0][0]
+            if len(self.routers) == 1 or self._live(rev):
+                return rev, self.routers[rev]
+            rev = next((r for r in self.routers if self._live(r)), rev)  # e.g. a rolling upgrade's new one
             return rev, self.routers[rev]
-        # A session keeps its revision (stable hash); other requests split at random by weight.
+        rev = self.pins.get(session_key, self.weight_of) if self.pins is not None and session_key else None
+        if rev is None:
+            rev = self._by_weight(session_key)
+            if self.pins is not None and session_key:
+                self.pins.put(session_key, rev)
+        if not self._live(rev):  # e.g. a canary that lost its replica: availability beats the split
+            rev = next((r for r, _ in sorted(self.weights, key=lambda x: -x[1]) if self._live(r)), rev)
+        return rev, self.routers[rev]
+
+    def _by_weight(self, session_key: str | None) -> str:
         if session_key:
             x = int.from_bytes(hashlib.blake2b(session_key.encode(), digest_size=8).digest(), "big") / 2**64
         else:
@@ -105,9 +130,21 @@ class ModelRuntime:
         x *= self.total_weight
         for rev, w in self.weights:
             if x < w:
-                return rev, self.routers[rev]
+                return rev
             x -= w
-        return self.weights[-1][0], self.routers[self.weights[-1][0]]
+        return self.weights[-1][0]
+
+    def _live(self, revision: str) -> bool:
+        r = self.routers.get(revision)
+        return r is not None and any(u.available() for u in r.upstreams)
+
+    def weight_of(self, revision: str) -> float:
+        return next((w for r, w in self.weights if r == revision), 0.0)
+
+    def fallback_for(self, revision: str) -> tuple[str, Router] | None:
+        """Where a request goes if its revision's upstreams all fail before the first byte: the stable's."""
+        r = self.routers.get(self.stable)
+        return (self.stable, r) if revision != self.stable and r is not None else None
 
     def upstreams(self) -> list[Upstream]:
         seen = {u.url: u for r in self.routers.values() for u in r.upstreams}
@@ -116,7 +153,8 @@ class ModelRuntime:
         return list(seen.values())
 
     def add_upstream(self, url: str, revision: str | None = None) -> None:
-        r = self.routers.get(revision or self.cfg.revision) or self.routers[self.weights[0][0]]
+        rev = revision or self.cfg.revision
+        r = self.routers.get(rev) or (self._router(rev, []) if revision else self.routers[self.weights[0][0]])
         if url.rstrip("/") not in {u.url for u in r.upstreams}:
             r.set_upstreams([*r.upstreams, self.reg.get(url)])
 
@@ -127,6 +165,51 @@ class ModelRuntime:
                 r.set_upstreams([u for u in r.upstreams if u.url != url])
                 found = True
         return found
+
+    # ------------------------------------------------------------------ what a rollout sets
+
+    def set_split(self, split: dict[str, float], stable: str) -> None:
+        """Percent per revision (those at 0 take no weighted traffic but keep their upstreams)."""
+        for rev in split:
+            self.routers.get(rev) or self._router(rev, [])
+        self.weights = [(rev, float(w)) for rev, w in split.items() if w > 0] or [(stable, 100.0)]
+        self.total_weight = sum(w for _, w in self.weights) or 1.0
+        self.stable = stable
+
+    def set_rollout(self, candidate: str | None, shadow_sample: float = 0.0,
+                    shadow_feeds_analysis: bool = False) -> None:
+        """A rollout begins (its candidate revision) or ends (None): session pins, the revision header,
+        request samples for the analysis, and a share of the stable's requests mirrored to the candidate."""
+        if candidate is None:
+            self.selectable, self.pins, self.recording, self.rollout_shadow = frozenset(), None, False, None
+            self.stats.clear()
+            return
+        self.routers.get(candidate) or self._router(candidate, [])
+        self.selectable = frozenset({candidate, self.stable}) if self.cfg.rollout.revision_header else frozenset()
+        self.pins = self.pins or SessionPins()
+        self.recording = True
+        sh = self.cfg.rollout.shadow
+        self.rollout_shadow = None if shadow_sample <= 0 else ShadowTarget(
+            candidate, self.routers[candidate], shadow_sample, sh.max_in_flight, sh, shadow_feeds_analysis)
+
+    def window(self, t0: float, t1: float) -> dict[tuple[str, str], WindowStats]:
+        """Requests finished in [t0, t1) (monotonic), by (revision, live or shadow)."""
+        return self.stats.window(t0, t1)
+
+    def agreement(self, revision: str, t0: float, t1: float) -> tuple[float | None, int]:
+        """Identical share of greedy shadow pairs with this candidate in [t0, t1), and their count."""
+        return self.pairs.agreement(self.name, revision, t0, t1)
+
+    def shadow_target(self, served: str) -> ShadowTarget | None:
+        """Where to mirror a request that `served` answered: a rollout's candidate (only requests the
+        stable served), else the fleet file's `shadow` upstreams."""
+        t = self.rollout_shadow
+        if t is not None:
+            return t if served == self.stable and t.revision != served else None
+        if self.shadow is not None and self.shadow_router is not None:
+            return ShadowTarget(self.shadow.revision, self.shadow_router, self.shadow.sample, self.shadow.max_in_flight,
+                                self.cfg.rollout.shadow)  # the judge, if the model's rollout names one
+        return None
 
     # ------------------------------------------------------------------ what the fleet controller reads
 
@@ -141,7 +224,7 @@ class ModelRuntime:
         return None if u is None else u.served + u.failed
 
     def admission_load(self) -> AdmissionLoad:
-        return self.admission.load()
+        return dataclasses.replace(self.admission.load(), tokens=self.tokens_in_flight)
 
     def has_live_upstream(self) -> bool:
         return any(u.available() for r in self.routers.values() for u in r.upstreams)
@@ -150,72 +233,27 @@ class ModelRuntime:
         self.activator = hook
 
 
-def response_text(chunks: list[bytes], stream: bool) -> str:
-    """The first choice's text from a whole response body or a list of raw SSE chunks."""
-    try:
-        if not stream:
-            ch = json.loads(b"".join(chunks))["choices"][0]
-            return ch.get("text") or (ch.get("message") or {}).get("content") or ""
-        out = []
-        for ev in b"".join(chunks).split(b"\n\n"):
-            if ev.startswith(b"data: {"):
-                for ch in json.loads(ev[6:]).get("choices", []):
-                    if ch.get("index", 0) == 0:
-                        out.append(ch.get("text") or (ch.get("delta") or {}).get("content") or "")
-        return "".join(out)
-    except (ValueError, KeyError, IndexError, TypeError):
-        return ""
+class SessionPins:
+    """Session key -> the revision it started on, while a rollout runs (bounded, least recently used out).
+    A pin holds while its revision has weight; a session whose revision lost it is placed again."""
 
+    def __init__(self, max_sessions: int = 100_000):
+        self.max = max_sessions
+        self.pins: OrderedDict[str, str] = OrderedDict()
 
-class Shadower:
-    def __init__(self, session_getter, metrics):
-        self.session, self.m = session_getter, metrics
-        self.in_flight: dict[str, int] = {}
-        self.tasks: set[asyncio.Task] = set()
-
-    def maybe_start(self, rt: ModelRuntime, path: str, req: dict, rreq: RouteRequest) -> asyncio.Future | None:
-        """Start a shadow for a sampled request; returns the future the user's output goes into."""
-        sh = rt.shadow
-        if sh is None or random.random() >= sh.sample:
+    def get(self, key: str, weight_of: Callable[[str], float]) -> str | None:
+        rev = self.pins.get(key)
+        if rev is None:
             return None
-        if self.in_flight.get(rt.name, 0) >= sh.max_in_flight:
-            self.m.shadow.labels(rt.name, "dropped").inc()
+        if weight_of(rev) <= 0:
+            del self.pins[key]
             return None
-        user_out: asyncio.Future = asyncio.get_running_loop().create_future()
-        t = asyncio.get_running_loop().create_task(self._run(rt, path, req, rreq, user_out))
-        self.tasks.add(t)
-        t.add_done_callback(self.tasks.discard)
-        return user_out
+        self.pins.move_to_end(key)
+        return rev
 
-    async def _run(self, rt: ModelRuntime, path: str, req: dict, rreq: RouteRequest, user_out) -> None:
-        self.in_flight[rt.name] = self.in_flight.get(rt.name, 0) + 1
-        outcome = "error"
-        try:
-            u = rt.shadow_router.choose(rreq) if rt.shadow_router else None
-            if u is None:
-                outcome = "no_upstream"
-                return
-            body = json.dumps({**req, "stream": False, "stream_options": None}).encode()
-            t0 = time.monotonic()
-            async with self.session().post(u.url + path, data=body, headers={"content-type": "application/json"},
-                                           timeout=aiohttp.ClientTimeout(total=300)) as r:
-                data = await r.read()
-                ok = r.status == 200
-            self.m.shadow_latency.labels(rt.name).observe(time.monotonic() - t0)
-            if not ok:
-                return
-            user_chunks, user_stream = await asyncio.wait_for(user_out, 600)
-            same = response_text([data], False) == response_text(user_chunks, user_stream)
-            outcome = "agree" if same else "disagree"
-        except Exception as e:  # a shadow never affects anything but its own metrics
-            log.info("shadow request for %s failed: %s", rt.name, type(e).__name__)
-        finally:
-            self.in_flight[rt.name] -= 1
-            self.m.shadow.labels(rt.name, outcome).inc()
-            if not user_out.done():
-                user_out.cancel()
+    def put(self, key: str, revision: str) -> None:
+        self.pins[key] = revision
+        if len(self.pins) > self.max:
+            self.pins.popitem(last=False)
 
-    async def stop(self) -> None:
-        for t in list(self.tasks):
-            t.cancel()
-        await asyncio.gather(*self.tasks, return_exceptions=True)
+

@@ -7,9 +7,13 @@ difference is most of what the gateway added to a request's latency. Health chec
 calls and shadow traffic keep using aiohttp.
 
 Errors are OSError (connection refused, reset, closed early, a malformed response) or TimeoutError
-(connect), as the proxy's retry logic expects. A connection taken from the pool that turns out to
-have been closed by the upstream meanwhile (its keep-alive ran out) is retried once on a new one,
-before any byte of the answer: the upstream never read that request.
+(connect, or no free connection), as the proxy's retry logic expects, and UpstreamTimeout when an
+upstream that took the request stops answering: no response head within `first_byte_timeout_s`, or
+nothing read for `idle_read_timeout_s` after it (the connection is closed, so the upstream aborts).
+A connection taken from the pool that turns out to have been closed by the upstream meanwhile (its
+keep-alive ran out) is retried once on a new one, before any byte of the answer: the upstream never
+read that request. At most `max_connections` requests per upstream at once; more wait for one to
+end, up to the connect timeout.
 """
 
 from __future__ import annotations
@@ -27,6 +31,14 @@ HIGH_WATER = 1 << 20  # bytes buffered before reading from the upstream pauses
 
 class _Stale(ConnectionResetError):
     """A pooled connection the upstream had closed before it answered."""
+
+
+class UpstreamTimeout(TimeoutError):
+    """The upstream took the request and then sent nothing for too long."""
+
+    def __init__(self, message: str, first_byte: bool):
+        super().__init__(message)
+        self.first_byte = first_byte  # True: nothing of the answer came (a 504 can still be sent)
 
 
 class _Conn(asyncio.Protocol):
@@ -106,6 +118,7 @@ class Response:
         self._exc: Exception | None = None
         self._paused = False
         self._got_bytes = False
+        self._slot: asyncio.Semaphore | None = None  # the upstream's connection slot, held until release()
 
     def _feed(self, data: bytes) -> None:
         self._chunks.append(data)
@@ -129,15 +142,25 @@ class Response:
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
 
-    async def readany(self) -> bytes:
-        """The next bytes of the body as they arrived; b"" once it is complete."""
+    async def readany(self, timeout: float | None = None) -> bytes:
+        """The next bytes of the body as they arrived; b"" once it is complete. UpstreamTimeout after
+        `timeout` seconds (default: the client's idle-read timeout) without any."""
         while not self._chunks:
             if self.complete:
                 return b""
             if self._exc is not None:
                 raise self._exc
-            self._waiter = asyncio.get_running_loop().create_future()
-            await self._waiter
+            self._waiter = waiter = asyncio.get_running_loop().create_future()
+            wait = self.conn.pool.idle_read_timeout_s if timeout is None else timeout
+            handle = asyncio.get_running_loop().call_later(wait, _expire, waiter)
+            try:
+                await waiter
+            finally:
+                handle.cancel()
+            if waiter.result() is _EXPIRED and not self._chunks and not self.complete and self._exc is None:
+                self.conn.closed = True
+                self.conn.transport.close()  # the upstream sees the client leave and aborts the request
+                raise UpstreamTimeout(f"the upstream sent nothing for {wait:g} s", first_byte=False)
         data = self._chunks.popleft()
         self._buffered -= len(data)
         if self._paused and self._buffered <= HIGH_WATER // 4:
@@ -158,6 +181,9 @@ class Response:
     def release(self) -> None:
         """Back to the pool when the answer was read whole and the upstream keeps the connection; else closed
         (a stream the user left is cut off at the upstream this way)."""
+        if self._slot is not None:
+            self._slot.release()
+            self._slot = None
         conn = self.conn
         if conn.resp is not self:
             return  # released already
@@ -170,10 +196,23 @@ class Response:
             conn.transport.close()
 
 
+_EXPIRED = object()
+
+
+def _expire(waiter: asyncio.Future) -> None:
+    if not waiter.done():
+        waiter.set_result(_EXPIRED)
+
+
 class UpstreamClient:
-    def __init__(self, connect_timeout_s: float):
+    def __init__(self, connect_timeout_s: float, first_byte_timeout_s: float = 600.0,
+                 idle_read_timeout_s: float = 300.0, max_connections: int = 1024, auth=None):
         self.connect_timeout_s = connect_timeout_s
+        self.first_byte_timeout_s, self.idle_read_timeout_s = first_byte_timeout_s, idle_read_timeout_s
+        self.max_connections = max_connections
+        self.auth = auth  # UpstreamAuth: the secret each upstream is shown, if any
         self._idle: dict[tuple[str, int], list[_Conn]] = {}
+        self._slots: dict[tuple[str, int], asyncio.Semaphore] = {}
 
     async def post(self, url: str, body: bytes, headers: dict[str, str]) -> Response:
         parts = urlsplit(url)
@@ -183,14 +222,33 @@ class UpstreamClient:
         path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         head = [f"POST {path} HTTP/1.1\r\nhost: {parts.netloc}\r\ncontent-length: {len(body)}\r\n"]
         head.extend(f"{k}: {v}\r\n" for k, v in headers.items())
+        auth = self.auth.header(url) if self.auth is not None else None
+        if auth is not None:
+            head.append(f"authorization: {auth}\r\n")
         request = "".join(head).encode("latin-1") + b"\r\n" + body
-        conn = self._pooled(key)
-        if conn is not None:
-            try:
-                return await self._send(conn, request)
-            except _Stale:
-                pass  # the upstream had closed the idle connection: once more on a new one
-        return await self._send(await self._connect(key), request)
+        slot = self._slots.get(key)
+        if slot is None:
+            slot = self._slots[key] = asyncio.Semaphore(self.max_connections)
+        try:
+            async with asyncio.timeout(self.connect_timeout_s):
+                await slot.acquire()
+        except TimeoutError:
+            raise TimeoutError(f"all {self.max_connections} connections to {parts.netloc} stayed busy") from None
+        try:
+            resp = None
+            conn = self._pooled(key)
+            if conn is not None:
+                try:
+                    resp = await self._send(conn, request)
+                except _Stale:
+                    pass  # the upstream had closed the idle connection: once more on a new one
+            if resp is None:
+                resp = await self._send(await self._connect(key), request)
+        except BaseException:
+            slot.release()
+            raise
+        resp._slot = slot
+        return resp
 
     def _pooled(self, key: tuple[str, int]) -> _Conn | None:
         idle, now = self._idle.get(key), time.monotonic()
@@ -215,7 +273,14 @@ class UpstreamClient:
         conn.parser = httptools.HttpResponseParser(conn)
         conn.transport.write(request)
         try:
-            await resp._headers_done
+            try:
+                async with asyncio.timeout(self.first_byte_timeout_s):
+                    await resp._headers_done
+            except TimeoutError:
+                conn.closed = True
+                conn.transport.close()  # the upstream sees the client leave and aborts the request
+                raise UpstreamTimeout(f"no response from the upstream within {self.first_byte_timeout_s:g} s",
+                                      first_byte=True) from None
         except ConnectionResetError as e:
             resp.release()
             if reused and not resp._got_bytes:

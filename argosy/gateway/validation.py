@@ -67,6 +67,10 @@ def check_body(path: str, req: Any) -> None:
             raise invalid("stream_options", "an object whose include_usage is a boolean", options["include_usage"])
     if path == "/v1/chat/completions":
         _check_messages(req)
+    elif path in ("/v1/rerank", "/rerank"):
+        _check_rerank(req, "documents" if path == "/v1/rerank" else "texts")
+    elif path == "/embed":
+        _check_prompt(req, "inputs")
     else:
         _check_prompt(req, "prompt" if path == "/v1/completions" else "input")
 
@@ -92,6 +96,17 @@ def _check_messages(req: dict[str, Any]) -> None:
                 raise invalid(f"messages[{i}].content[{j}]", "an object", part)
             if "text" in part and not isinstance(part["text"], str):
                 raise invalid(f"messages[{i}].content[{j}].text", "a string", part["text"])
+
+
+def _check_rerank(req: dict[str, Any], name: str) -> None:
+    """A query string and a non-empty array of documents: strings, or objects with a `text` string."""
+    if not isinstance(req.get("query"), str):
+        raise invalid("query", "a string", req.get("query"))
+    docs = req.get(name)
+    ok = isinstance(docs, list) and bool(docs) and all(
+        isinstance(d, str) or (isinstance(d, dict) and isinstance(d.get("text"), str)) for d in docs)
+    if not ok:
+        raise invalid(name, "a non-empty array of strings (or objects with a 'text' string)", docs)
 
 
 def _check_prompt(req: dict[str, Any], name: str) -> None:

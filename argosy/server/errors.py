@@ -12,6 +12,7 @@ from argosy.engine.errors import InvalidRequestError
 
 _TYPES = {
     400: "invalid_request_error",
+    401: "authentication_error",
     404: "invalid_request_error",
     405: "invalid_request_error",
     413: "invalid_request_error",

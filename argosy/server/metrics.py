@@ -66,7 +66,9 @@ class _Track:
 class ServerMetrics:
     """One registry per server; implements async_engine.OutputObserver."""
 
-    def __init__(self, model_name: str, stats: Callable[[], dict[str, Any]]):
+    def __init__(self, model_name: str, stats: Callable[[], dict[str, Any]], telemetry: Any = None):
+        """telemetry: a device_telemetry.DeviceTelemetry whose series follow the engine's (or None)."""
+        self.telemetry = telemetry
         self.registry = CollectorRegistry()
         reg, model = self.registry, model_name
 
@@ -93,7 +95,8 @@ class ServerMetrics:
         self._live: dict[str, _Track] = {}
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        body = generate_latest(self.registry)
+        return body + self.telemetry.render().encode() if self.telemetry is not None else body
 
     # ---- OutputObserver ----------------------------------------------------------------------------
 

@@ -31,12 +31,43 @@ async def read_json_body(request: Request, max_bytes: int) -> dict[str, Any]:
             raise APIError(413, f"Request body is over the limit of {max_bytes} bytes.", code="request_too_large")
         parts.append(chunk)
     try:
-        body = json.loads(b"".join(parts))
+        body = json.loads(b"".join(parts), parse_constant=_no_constant)
     except (ValueError, UnicodeDecodeError) as exc:
         raise APIError.bad_request(f"The request body is not valid JSON: {exc}.", code="invalid_json") from None
+    except RecursionError:  # nested deeper than the parser goes
+        raise APIError.bad_request("The request body is nested too deeply.", code="invalid_json") from None
+    if b"\\ud" in b"".join(parts).lower() and has_lone_surrogate(body):
+        raise APIError.bad_request("The request body has a lone UTF-16 surrogate (\\ud800-\\udfff) in a string.",
+                                   code="invalid_json")
     if not isinstance(body, dict):
         raise APIError.bad_request("The request body must be a JSON object.", code="invalid_json")
     return body
+
+
+def has_lone_surrogate(obj: Any) -> bool:
+    """Whether a parsed JSON value holds a string that is not valid Unicode text (a `\\ud800` escape without
+    its pair): such a string cannot be encoded, so a tokenizer fails on it. Only called when the raw body
+    has such an escape at all (emoji written as surrogate pairs are fine and common)."""
+    stack = [obj]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, str):
+            try:
+                v.encode("utf-8")
+            except UnicodeEncodeError:
+                return True
+        elif isinstance(v, dict):
+            stack.extend(v.keys())
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            stack.extend(v)
+    return False
+
+
+def _no_constant(name: str) -> None:
+    """NaN and Infinity are not JSON (RFC 8259), though Python's parser takes them: a NaN temperature
+    would pass every range check."""
+    raise ValueError(f"{name} is not a JSON value")
 
 
 def _type_name(value: Any) -> str:
@@ -70,7 +101,10 @@ class Fields:
             return default
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise self._bad(name, "a number")
-        return float(value)
+        try:
+            return float(value)
+        except OverflowError:  # an integer of hundreds of digits
+            raise self._bad(name, "a number within the range of a double") from None
 
     def get_bool(self, name: str, default: bool) -> bool:
         value = self.body.get(name)

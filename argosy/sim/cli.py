@@ -72,6 +72,13 @@ def add_profile_arguments(p: argparse.ArgumentParser) -> None:
     _add_roofline(p)
 
 
+def _is_encoder(model: str) -> bool:
+    from argosy.encoder.checkpoint import is_encoder_checkpoint
+    from argosy.models.packaged import resolve_checkpoint
+
+    return is_encoder_checkpoint(resolve_checkpoint(model))
+
+
 def run_profile(args: argparse.Namespace) -> int:
     from argosy.sim.profile import model_shape, roofline_profile
 
@@ -82,6 +89,10 @@ def run_profile(args: argparse.Namespace) -> int:
             if args.model_config is None:
                 raise ValueError("--gpu needs --model-config (a catalogue model, checkpoint folder or config.json)")
             prof = roofline_profile(args.gpu, model_shape(args.model_config), args.tp, _roofline_settings(args))
+        elif _is_encoder(args.model):  # an embedding model or a reranker: batch times of the encoder engine
+            from argosy.sim.measure_encoder import measure_encoder_profile
+
+            prof = measure_encoder_profile(args.model, log=_log)
         else:
             from argosy.sim.measure import measure_profile
 
@@ -98,7 +109,9 @@ def run_profile(args: argparse.Namespace) -> int:
     from argosy.sim.capacity import render_capacity
 
     prof.save(args.output)
-    print(f"{prof.name}: step = {prof.base_s * 1e3:.3f} ms + {prof.combine}(compute, memory); "
+    shape = ("max(matmul FLOPs, weights read) + max(attention FLOPs, KV read)" if prof.combine == "split"
+             else f"{prof.combine}(compute, memory)")
+    print(f"{prof.name}: step = {prof.base_s * 1e3:.3f} ms + {shape}; "
           f"KV {prof.num_blocks} blocks of {prof.block_size} tokens; cold start {prof.cold_start_s:.1f} s "
           f"-> {args.output}")
     print(render_capacity(prof, args.max_num_seqs if args.gpu is None else 256))

@@ -20,12 +20,14 @@ import itertools
 from dataclasses import dataclass
 
 from argosy.config import FleetConfig, ModelConfig
+from argosy.encoder.config import CPU_BATCH_TOKENS, CUDA_BATCH_TOKENS
 from argosy.engine.config import default_token_budget
 from argosy.fleet.autoscaler import Autoscaler, Observation
 from argosy.fleet.scaling_metrics import METRICS
 from argosy.gateway.health import Upstream
 from argosy.gateway.prefix_index import PrefixIndex
 from argosy.gateway.router import Router, RouteRequest
+from argosy.sim.encoder_replica import EncoderSimReplica
 from argosy.sim.profile import StepProfile
 from argosy.sim.regions import SimRegions
 from argosy.sim.replica import SimReplica, SimRequest
@@ -89,6 +91,9 @@ class FleetSim:
         self.uses_text = any(r.router.needs_prompt for r in self.regions)  # else prompts are not built
         self.scrapes = (any(r.router.needs_gauges for r in self.regions)  # as the gateway or the controller
                         or METRICS[model.autoscaling.metric].needs_scrape)
+        # An encoder (kind embed or rerank) answers with one pass over the input: no output tokens.
+        self.generates = model.kind == "generate"
+        self.replica_class = SimReplica if self.generates else EncoderSimReplica
         self.ids = itertools.count()
         self.by_name: dict[str, SimReplica] = {}
         self.region_routing = SimRegions(fleet, model, spec, lambda: self.now, spec.seed) \
@@ -111,9 +116,13 @@ class FleetSim:
         cold = cold and now >= self.s.instant_start_until_s
         ready = now + (self.profile.cold_start_s if cold else 0.0)
         # Unset in the fleet file: the budget the engine picks for a server on this profile's device.
-        budget = e.max_num_batched_tokens or default_token_budget("cpu" if self.profile.gpu == "cpu" else "cuda")
-        rep = SimReplica(f"{region.name}-{next(self.ids)}", region.idx, self.profile, e.max_num_seqs,
-                         budget, now, ready, self.prefix_tokens)
+        on_cpu = self.profile.gpu == "cpu"
+        if self.generates:
+            budget = e.max_num_batched_tokens or default_token_budget("cpu" if on_cpu else "cuda")
+        else:
+            budget = e.max_num_batched_tokens or (CPU_BATCH_TOKENS if on_cpu else CUDA_BATCH_TOKENS)
+        rep = self.replica_class(f"{region.name}-{next(self.ids)}", region.idx, self.profile, e.max_num_seqs,
+                                 budget, now, ready, self.prefix_tokens)
         if self.s.node_cores is not None:
             rep.slowdown = lambda rep=rep: self.cpu_share(rep)
         region.replicas.append(rep)
@@ -231,7 +240,9 @@ class FleetSim:
         tick = self.model.autoscaling.tick_s
         obs = Observation(concurrency=float(sum(r.num_in_system for r in ready) + len(region.pending)),
                           rps=region.finished_since_tick / tick, queue=float(waiting),
-                          kv_cache=sum(r.kv.usage for r in ready) / len(ready) if ready else 0.0)
+                          kv_cache=sum(r.kv.usage for r in ready) / len(ready) if ready else 0.0,
+                          tokens=float(sum(self.route_tokens(q) for r in ready for q in r.requests.values())
+                                       + sum(self.route_tokens(q) for q in region.pending)))
         region.finished_since_tick = 0
         region.scaler.observe(obs, len(ready))
         d = region.scaler.decide(len(ready), len(ready) + len(starting))
@@ -346,8 +357,8 @@ class FleetSim:
             t_next = events[0][0] if events else float("inf")
             if i < n and rq.arrival_s[i] <= t_next:
                 self.now = rq.arrival_s[i]
-                self.arrive(SimRequest(i, rq.arrival_s[i], rq.region[i], rq.prompt_tokens[i], rq.output_tokens[i],
-                                       rq.prefix_group[i]))
+                self.arrive(SimRequest(i, rq.arrival_s[i], rq.region[i], rq.prompt_tokens[i],
+                                       rq.output_tokens[i] if self.generates else 0, rq.prefix_group[i]))
                 i += 1
                 if progress is not None and i % 5000 == 0:
                     progress(self.now, i, n)

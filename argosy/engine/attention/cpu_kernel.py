@@ -13,6 +13,7 @@ from argosy.engine.attention.sdpa import SdpaBackend
 
 
 class CpuKernelBackend(SdpaBackend):
+    captures_decodes = True  # one group of tensor lengths: what cuda_graphs.py's tests replay on the CPU
     @classmethod
     def supports(cls, device: torch.device, dtype: torch.dtype) -> bool:
         return device.type == "cpu" and dtype == torch.float32 and cpu_kernels.available()

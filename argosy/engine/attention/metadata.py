@@ -35,7 +35,20 @@ class DecodeGroup:
 
 
 @dataclass
+class PackedPrefills:
+    """Every prefill chunk of a step as tensors, for a kernel that attends them all in one launch and
+    reads each chunk's whole context (its own tokens too, written first) through its block table."""
+
+    query_start: torch.Tensor  # [chunks] int64
+    query_len: torch.Tensor
+    context_len: torch.Tensor
+    block_table: torch.Tensor  # [chunks, max_blocks] int64 (padded with block 0)
+    max_query_len: int
+
+
+@dataclass
 class AttentionMetadata:
     slot_mapping: torch.Tensor  # [T] cache slot written by each token
     decode_groups: list[DecodeGroup]  # the decodes come first in the batch
     prefills: list[PrefillChunk]
+    packed_prefills: PackedPrefills | None = None  # set by backends whose kernel wants them (pack_prefills)

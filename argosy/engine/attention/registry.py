@@ -10,7 +10,7 @@ from typing import ClassVar
 
 import torch
 
-from argosy.engine.attention.metadata import AttentionMetadata, DecodeGroup
+from argosy.engine.attention.metadata import AttentionMetadata, DecodeGroup, PackedPrefills, PrefillChunk
 
 
 @dataclass(frozen=True)
@@ -40,6 +40,21 @@ class AttentionBackend(ABC):
     @abstractmethod
     def supports(cls, device: torch.device, dtype: torch.dtype) -> bool:
         """Whether it runs here (a kernel that could not be built says no)."""
+
+    @classmethod
+    def chosen_by_default(cls, device: torch.device) -> bool:
+        """Whether select_backend may pick it without being asked by name (a backend that runs on a device
+        only for testing, as Triton's interpreter on the CPU, says no there)."""
+        return True
+
+    # True when decode_groups makes one group of fixed-shape tensors (block_table, context_lens) and the
+    # decode kernel reads every length from them: a captured decode step (CUDA graph) replays correctly.
+    captures_decodes: ClassVar[bool] = False
+
+    def pack_prefills(self, chunks: list[PrefillChunk], tables: list[list[int]]) -> PackedPrefills | None:
+        """The prefill chunks as tensors for a kernel that takes them all in one launch (None: the
+        backend attends chunk by chunk); tables[i] are chunk i's block ids, covering its context."""
+        return None
 
     @abstractmethod
     def decode_groups(self, tables: list[list[int]], lens: list[int]) -> list[DecodeGroup]:
@@ -80,7 +95,7 @@ def select_backend(device: torch.device, dtype: torch.dtype, name: str | None = 
         return cls
     for candidate in backend_names():
         cls = _BACKENDS[candidate][1]
-        if cls.supports(device, dtype):
+        if cls.supports(device, dtype) and cls.chosen_by_default(device):
             return cls
     raise ValueError(f"no attention backend runs on {device.type} in {dtype}")
 

@@ -14,15 +14,25 @@ from argosy.engine.checkpoint import ModelConfig
 
 
 class RMSNorm(nn.Module):
-    kernel = None  # on the CPU: the C RMS norm of cpu_kernels, set by the platform (float32 only)
+    # Set by the platform where it has kernels for the model's dtype: the CPU's C RMS norm (float32),
+    # CUDA's Triton ones (kernel(x, weight, eps); add_kernel(x, residual, weight, eps) -> (sum, normed)).
+    kernel = None
+    add_kernel = None
 
     def __init__(self, dim: int, eps: float):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
 
+    def add_norm(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x + residual, this norm of it): one pass where a fused kernel is set."""
+        if self.add_kernel is not None and x.dim() == 2:
+            return self.add_kernel(x, residual, self.weight, self.eps)
+        summed = x + residual
+        return summed, self(summed)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.kernel is not None and x.dim() == 2 and x.dtype == torch.float32:
+        if self.kernel is not None and x.dim() == 2:
             return self.kernel(x, self.weight, self.eps)
         # As transformers does: normalise in float32, scale in the model dtype. (F.rms_norm is several
         # times slower than these three ops on the CPU in torch 2.13.)
@@ -56,7 +66,7 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 class Attention(nn.Module):
-    rope_kernel = None  # on the CPU: the C RoPE of cpu_kernels, set by the platform (float32 only)
+    rope_kernel = None  # in-place RoPE over q and k: the CPU's C one (float32) or CUDA's Triton one
     backend: AttentionBackend | None = None  # set by the runner; None: the best one for each call's cache
 
     def __init__(self, cfg: ModelConfig):
@@ -82,7 +92,7 @@ class Attention(nn.Module):
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         else:  # q and k lie side by side: one rotation for both halves the small ops of a decode step
             qk = qkv[:, :self.q_size + self.kv_size].view(t, self.num_heads + self.num_kv_heads, self.head_dim)
-            if self.rope_kernel is not None and qkv.dtype == torch.float32:
+            if self.rope_kernel is not None:
                 self.rope_kernel(qkv, cos, sin, self.num_heads + self.num_kv_heads, self.head_dim)  # in place
             else:
                 qk = apply_rope(qk, cos, sin)
@@ -119,8 +129,9 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def forward(self, x, cos, sin, kv_cache, meta):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, kv_cache, meta)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        attn = self.self_attn(self.input_layernorm(x), cos, sin, kv_cache, meta)
+        x, h = self.post_attention_layernorm.add_norm(attn, x)  # the residual add fused into the norm (CUDA)
+        return x + self.mlp(h)
 
 
 class LlamaForCausalLM(nn.Module):

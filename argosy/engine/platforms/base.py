@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
 import torch
 
 from argosy.engine.checkpoint import ModelConfig
 from argosy.engine.config import EngineConfig
+from argosy.engine.memory_profile import ProfileStep
+
+if TYPE_CHECKING:
+    from argosy.engine.cuda_graphs import GraphCapture
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -30,9 +37,14 @@ class Platform:
     def tune_model(self, model: torch.nn.Module, config: EngineConfig, dtype: torch.dtype) -> None:
         """After the weights are loaded: faster kernels for this device, same outputs."""
 
-    def kv_cache_budget(self, config: EngineConfig) -> float:
-        """Bytes for the KV cache when config.kv_cache_memory_gib is unset."""
+    def kv_cache_budget(self, config: EngineConfig, profile: Sequence[ProfileStep] = ()) -> float:
+        """Bytes for the KV cache when config.kv_cache_memory_gib is unset. profile: the largest steps the
+        engine will run, for a platform that measures them (memory_profile.py); empty on a parallel rank."""
         raise ValueError("set kv_cache_memory_gib: there is no default KV cache size on this device")
+
+    def graph_capture(self) -> GraphCapture | None:
+        """How decode steps are captured for replay (CUDA graphs), or None: every step runs eagerly."""
+        return None
 
 
 def resolve_dtype(config: EngineConfig, model_cfg: ModelConfig, platform: Platform) -> torch.dtype:

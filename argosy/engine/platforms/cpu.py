@@ -57,7 +57,7 @@ class CpuPlatform(Platform):
         if dtype == torch.float32:
             use_small_op_kernels(model)
 
-    def kv_cache_budget(self, config: EngineConfig) -> float:
+    def kv_cache_budget(self, config: EngineConfig, profile=()) -> float:
         return min(CPU_DEFAULT_KV_GIB * GIB, 0.25 * available_memory())
 
 

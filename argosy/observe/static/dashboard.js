@@ -16,6 +16,8 @@ function chartSeries(name, s) {
     case "ttft": return [...pick("ttft_p50_s", (m) => `${m} p50`), ...pick("ttft_p99_s", (m) => `${m} p99`)];
     case "itl": return [...pick("itl_p50_s", (m) => `${m} p50`), ...pick("itl_p99_s", (m) => `${m} p99`)];
     case "kv_cache_usage": return pick("kv_cache_usage", (u) => u.replace(/^https?:\/\//, ""), 100);
+    case "device_busy": return pick("device_busy", (u) => u.replace(/^https?:\/\//, ""), 100);
+    case "device_memory": return pick("device_memory", (u) => u.replace(/^https?:\/\//, ""), 100);
     case "replicas": return [...pick("replicas_desired", (m) => `${m} desired`),
                              ...pick("replicas_ready", (m) => `${m} ready`)];
     default: return pick(name);
@@ -60,17 +62,20 @@ function renderModels(models) {
     const head = `<h2>${esc(m.model)}: ${m.ready} ready` + (m.desired != null ? `, desired ${m.desired}` : "") +
       `; ${m.in_flight} in flight, ${m.queued} queued` + (m.held ? `, ${m.held} held for a cold start` : "") +
       (m.panic ? "; <b>panic</b>" : "") + (m.unplaceable ? `; cannot place: ${esc(m.unplaceable)}` : "") + "</h2>";
-    const rows = m.replicas.map((r) => "<tr>" + cell(esc(r.id)) + cell(esc(r.state) + (r.pooled ? " (pool)" : ""), "state-" + r.state) +
+    const rows = m.replicas.map((r) => "<tr>" + cell(esc(r.id) + (r.revision ? ` (${esc(r.revision)})` : "")) +
+      cell(esc(r.state) + (r.pooled ? " (pool)" : ""), "state-" + r.state) +
       cell(r.url ? esc(r.url) : null) + cell(r.in_flight, "num") + cell(r.running, "num") + cell(r.waiting, "num") +
-      cell(pct(r.kv_cache_usage), "num") + cell(r.age_s == null ? null : r.age_s.toFixed(0) + " s", "num") +
+      cell(pct(r.kv_cache_usage), "num") + cell(pct(r.device_busy), "num") + cell(pct(r.device_memory), "num") +
+      cell(r.throttled == null ? null : (r.throttled ? "<b>throttled</b>" : "no"), r.throttled ? "state-throttled" : "") +
+      cell(r.age_s == null ? null : r.age_s.toFixed(0) + " s", "num") +
       cell(r.cold_start_s == null ? null : r.cold_start_s.toFixed(1) + " s", "num") +
       // regions (docs/regions.md): where it runs, on what capacity kind, at what price
       cell(r.region ? esc(r.region) + " (" + esc(r.provider) + ")" : null) + cell(r.capacity_kind ? esc(r.capacity_kind) : null) +
       cell(r.usd_per_hour == null ? null : "$" + r.usd_per_hour.toFixed(2) + "/h", "num") + "</tr>").join("");
     return head + "<table class=\"replicas\"><thead><tr><th>replica</th><th>state</th><th>url</th><th>in flight (gateway)</th>" +
-      "<th>running</th><th>waiting</th><th>KV cache</th><th>age</th><th>cold start</th>" +
-      "<th>region (provider)</th><th>capacity</th><th>cost</th></tr></thead><tbody>" +
-      (rows || '<tr><td colspan="12">no replicas</td></tr>') + "</tbody></table>";
+      "<th>running</th><th>waiting</th><th>KV cache</th><th>device busy</th><th>device memory</th><th>GPU throttled</th>" +
+      "<th>age</th><th>cold start</th><th>region (provider)</th><th>capacity</th><th>cost</th></tr></thead><tbody>" +
+      (rows || '<tr><td colspan="15">no replicas</td></tr>') + "</tbody></table>";
   }).join("");
   document.getElementById("models").innerHTML = html;
 }
@@ -79,6 +84,39 @@ function renderDecisions(decisions) {
   const rows = decisions.slice(-20).reverse().map((d) => "<tr>" + cell(esc(d.at)) + cell(esc(d.model)) + cell(esc(d.direction)) +
     cell(`${d.actual} &rarr; ${d.desired}`) + cell(d.panic ? "yes" : "no") + cell(esc(d.reason), "reason") + "</tr>").join("");
   document.querySelector("#decisions tbody").innerHTML = rows || '<tr><td colspan="6">none yet</td></tr>';
+}
+
+function renderRollouts(rollouts) {
+  const rows = rollouts.map((m) => {
+    const r = m.rollout;
+    const split = Object.entries(m.split).map(([rev, w]) => `${esc(rev)} ${w}%`).join(", ");
+    if (!r) return "<tr>" + cell(esc(m.model)) + cell(esc(m.stable)) + cell(split) + '<td colspan="5">none</td></tr>';
+    const progress = r.strategy === "canary" ? `step ${r.step + 1}, ${r.weight}%` :
+      r.strategy === "rolling" ? `${r.replaced}/${r.size} replaced` : `${r.weight}%`;
+    const a = r.analyses;
+    const last = r.reason ? esc(r.reason) : r.last_analysis ? esc(r.last_analysis.verdict + ": " +
+      r.last_analysis.gates.map((g) => `${g.metric} ${g.candidate} (stable ${g.stable}) ${g.bound}`).join("; ")) : null;
+    return "<tr>" + cell(esc(m.model)) + cell(esc(m.stable)) + cell(split) +
+      cell(`${esc(r.strategy)} ${esc(r.from_revision)} &rarr; ${esc(r.to_revision)}`) +
+      cell(esc(r.phase) + (r.paused ? " (paused)" : ""), "state-" + r.phase) + cell(progress) +
+      cell(`${a.pass || 0} pass, ${a.fail || 0} fail, ${a.inconclusive || 0} inconclusive`) + cell(last, "reason") + "</tr>";
+  }).join("");
+  document.querySelector("#rollouts tbody").innerHTML = rows || '<tr><td colspan="8">no managed models</td></tr>';
+}
+
+function renderShadow(shadow) {
+  const rows = [];
+  for (const [model, revs] of Object.entries(shadow || {})) {
+    for (const [rev, s] of Object.entries(revs)) {
+      for (const [bucket, x] of [["all", s], ...Object.entries(s.by_prompt_tokens)]) {
+        rows.push("<tr>" + cell(esc(model)) + cell(esc(rev)) + cell(esc(bucket)) + cell(x.pairs, "num") +
+          cell(x.greedy_pairs, "num") + cell(pct(x.identical_greedy), "num") + cell(x.mean_first_diff_token, "num") +
+          cell(x.mean_length_ratio, "num") + cell(pct(x.same_finish_reason), "num") +
+          cell(x.mean_logprob_divergence, "num") + cell(pct(x.judge_mean), "num") + "</tr>");
+      }
+    }
+  }
+  document.querySelector("#shadow tbody").innerHTML = rows.join("") || '<tr><td colspan="11">no shadow pairs yet</td></tr>';
 }
 
 // A gateway that listens beyond loopback serves the data (it names replicas) only with the admin key:
@@ -125,6 +163,8 @@ async function poll() {
     renderModels(d.models);
     renderDecisions(d.decisions);
     renderKeys(d.keys);
+    renderRollouts(d.rollouts || []);
+    renderShadow(d.shadow);
     for (const el of document.querySelectorAll(".chart")) draw(el, d.t, chartSeries(el.dataset.chart, d.series));
     polls += 1;
     document.body.dataset.polls = String(polls);

@@ -1,0 +1,367 @@
+/* y = x W^T with W in GGML's block formats (Q8_0, Q4_0, Q4_1, Q4_K, Q5_K), float32 x and y, on the CPU.
+ *
+ * The weights stay in their blocks and are dequantized inside the products; the activations stay
+ * float32 (llama.cpp quantizes them to int8 for integer dot products: faster, but the answers move; a
+ * step here is the dequantized model's, as a float32 model of the same weights computes it).
+ * - One row (a single stream, bound by reading W): each block is widened in registers and multiplied
+ *   into the row straight from the file's bytes, each weight byte read once. Per block of 32,
+ *   sum_i (a q_i + c) x_i = a sum_i q_i x_i + c sum_i x_i, with the x block sums computed once.
+ * - Several rows (a batch): each weight row is dequantized once into an L1-sized float buffer and
+ *   multiplied into every activation row, four at a time (each loaded weight serves four rows).
+ *
+ * dequantize_rows_* write float32 exactly as GGML's (and the `gguf` package's) reference dequantization,
+ * with no contraction of a * b + c into a fused multiply-add: bit for bit the same values.
+ */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <math.h>
+#if defined(__AVX2__) || defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+#pragma GCC optimize("fp-contract=off")
+
+#include "quant_blocks.h"
+
+
+static float f16_to_f32(uint16_t h)
+{
+#if defined(__F16C__)
+    return _cvtsh_ss(h); /* exact, as the conversion below */
+#endif
+    const uint32_t sign = (uint32_t)(h & 0x8000) << 16;
+    uint32_t exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
+    if (exp == 0x1f) {
+        bits = sign | 0x7f800000 | (man << 13);
+    } else if (exp == 0) {
+        if (man == 0) {
+            bits = sign;
+        } else { /* subnormal half: normalise */
+            exp = 127 - 15 + 1;
+            while (!(man & 0x400)) {
+                man <<= 1;
+                exp--;
+            }
+            bits = sign | (exp << 23) | ((man & 0x3ff) << 13);
+        }
+    } else {
+        bits = sign | ((exp + 127 - 15) << 23) | (man << 13);
+    }
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+static uint16_t rd16(const uint8_t *p)
+{
+    uint16_t v;
+    memcpy(&v, p, 2);
+    return v;
+}
+
+/* Bytes per block and weights per block of a type; 0 for a type this file does not handle. */
+int64_t quant_block_bytes(int64_t type)
+{
+    switch (type) {
+    case Q8_0: return 34;
+    case Q4_0: return 18;
+    case Q4_1: return 20;
+    case Q4_K: return 144;
+    case Q5_K: return 176;
+    default: return 0;
+    }
+}
+
+int64_t quant_block_size(int64_t type)
+{
+    return (type == Q4_K || type == Q5_K) ? 256 : 32;
+}
+
+/* The 6-bit scale and min of sub-block j of a K-quant super-block (GGML's get_scale_min_k4). */
+static void scale_min_k4(int j, const uint8_t *q, uint8_t *sc, uint8_t *m)
+{
+    if (j < 4) {
+        *sc = q[j] & 63;
+        *m = q[j + 4] & 63;
+    } else {
+        *sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+        *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    }
+}
+
+static void dequant_row(int64_t type, const uint8_t *row, int64_t in, float *out);
+
+/* Sums of x over each block of 32. */
+static void block_sums(const float *x, int64_t in, float *xs)
+{
+    for (int64_t b = 0; b < in / 32; b++) {
+        float s = 0.0f;
+        for (int l = 0; l < 32; l++)
+            s += x[32 * b + l];
+        xs[b] = s;
+    }
+}
+
+#if defined(__AVX512F__)
+#define DIRECT_DOT 1
+static inline __m512 widen_u8(__m128i v) { return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(v)); }
+static inline __m512 widen_i8(__m128i v) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(v)); }
+
+/* sum_i q_i x_i over one block of 32 (lo: values 0..15, hi: 16..31), scaled, into acc. */
+static inline __m512 block_fma(__m512 lo, __m512 hi, const float *x, float scale, __m512 acc)
+{
+    const __m512 t = _mm512_fmadd_ps(hi, _mm512_loadu_ps(x + 16), _mm512_mul_ps(lo, _mm512_loadu_ps(x)));
+    return _mm512_fmadd_ps(t, _mm512_set1_ps(scale), acc);
+}
+
+/* x . W[o] straight from the row's blocks; xs: x's block sums. */
+float quant_row_dot(int64_t type, const uint8_t *w, int64_t in, const float *x, const float *xs)
+{
+    /* Two chains of accumulators: one would wait on the latency of each fused multiply-add. */
+    __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
+    float offsets[2] = {0.0f, 0.0f};
+    const int64_t bytes = quant_block_bytes(type);
+    const __m128i low = _mm_set1_epi8(0x0F), one = _mm_set1_epi8(1);
+    if (type == Q4_K || type == Q5_K) {
+        for (int64_t s = 0; s < in / 256; s++) {
+            const uint8_t *blk = w + s * bytes, *scales = blk + 4, *qh = blk + 16;
+            const uint8_t *qs = blk + (type == Q5_K ? 48 : 16);
+            const float d = f16_to_f32(rd16(blk)), dmin = f16_to_f32(rd16(blk + 2));
+            for (int j = 0; j < 8; j++) { /* sub-block j: nibbles (j odd: high) of the 32 bytes of chunk j / 2 */
+                uint8_t sc, m;
+                scale_min_k4(j, scales, &sc, &m);
+                __m128i v[2];
+                for (int h = 0; h < 2; h++) {
+                    const __m128i raw = _mm_loadu_si128((const __m128i *)(qs + 32 * (j / 2) + 16 * h));
+                    v[h] = _mm_and_si128(j & 1 ? _mm_srli_epi16(raw, 4) : raw, low);
+                    if (type == Q5_K) {
+                        const __m128i bits = _mm_loadu_si128((const __m128i *)(qh + 16 * h));
+                        v[h] = _mm_or_si128(v[h], _mm_slli_epi16(_mm_and_si128(_mm_srli_epi16(bits, j), one), 4));
+                    }
+                }
+                const int64_t b = 8 * s + j;
+                acc[j & 1] = block_fma(widen_u8(v[0]), widen_u8(v[1]), x + 32 * b, d * (float)sc, acc[j & 1]);
+                offsets[j & 1] -= dmin * (float)m * xs[b];
+            }
+        }
+    } else {
+        for (int64_t b = 0; b < in / 32; b++) {
+            const uint8_t *blk = w + b * bytes;
+            const float d = f16_to_f32(rd16(blk));
+            __m512 lo, hi;
+            if (type == Q8_0) {
+                lo = widen_i8(_mm_loadu_si128((const __m128i *)(blk + 2)));
+                hi = widen_i8(_mm_loadu_si128((const __m128i *)(blk + 18)));
+            } else {
+                const __m128i raw = _mm_loadu_si128((const __m128i *)(blk + (type == Q4_1 ? 4 : 2)));
+                lo = widen_u8(_mm_and_si128(raw, low));
+                hi = widen_u8(_mm_and_si128(_mm_srli_epi16(raw, 4), low));
+                offsets[b & 1] += (type == Q4_1 ? f16_to_f32(rd16(blk + 2)) : -8.0f * d) * xs[b];
+            }
+            acc[b & 1] = block_fma(lo, hi, x + 32 * b, d, acc[b & 1]);
+        }
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(acc[0], acc[1])) + offsets[0] + offsets[1];
+}
+#else
+float quant_row_dot(int64_t type, const uint8_t *w, int64_t in, const float *x, const float *xs)
+{
+    (void)xs;
+    float buf[in], s = 0.0f;
+    dequant_row(type, w, in, buf);
+    for (int64_t i = 0; i < in; i++)
+        s += buf[i] * x[i];
+    return s;
+}
+#endif
+
+/* out[r * 4 + t] = w[r] . x[t] for weight rows w[0..nw) and activation rows x[0..nx) of `in` floats
+ * (nw, nx <= 4): a 4 x 4 tile of accumulators, so each loaded vector serves four products. */
+static void dot_tile(const float *w, int64_t nw, const float *x, int64_t nx, int64_t in, float *out)
+{
+    int64_t i = 0;
+    float s[16] = {0};
+#if defined(__AVX512F__)
+    __m512 acc[16];
+    for (int k = 0; k < 16; k++)
+        acc[k] = _mm512_setzero_ps();
+    if (nw == 4 && nx == 4) { /* the common case, unrolled so the accumulators stay in registers */
+        for (; i + 16 <= in; i += 16) {
+            const __m512 x0 = _mm512_loadu_ps(x + i), x1 = _mm512_loadu_ps(x + in + i);
+            const __m512 x2 = _mm512_loadu_ps(x + 2 * in + i), x3 = _mm512_loadu_ps(x + 3 * in + i);
+            for (int r = 0; r < 4; r++) {
+                const __m512 wv = _mm512_loadu_ps(w + r * in + i);
+                acc[4 * r] = _mm512_fmadd_ps(wv, x0, acc[4 * r]);
+                acc[4 * r + 1] = _mm512_fmadd_ps(wv, x1, acc[4 * r + 1]);
+                acc[4 * r + 2] = _mm512_fmadd_ps(wv, x2, acc[4 * r + 2]);
+                acc[4 * r + 3] = _mm512_fmadd_ps(wv, x3, acc[4 * r + 3]);
+            }
+        }
+    } else {
+        for (; i + 16 <= in; i += 16)
+            for (int64_t r = 0; r < nw; r++) {
+                const __m512 wv = _mm512_loadu_ps(w + r * in + i);
+                for (int64_t t = 0; t < nx; t++)
+                    acc[4 * r + t] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x + t * in + i), acc[4 * r + t]);
+            }
+    }
+    for (int64_t r = 0; r < nw; r++)
+        for (int64_t t = 0; t < nx; t++)
+            s[4 * r + t] = _mm512_reduce_add_ps(acc[4 * r + t]);
+#endif
+    for (; i < in; i++)
+        for (int64_t r = 0; r < nw; r++)
+            for (int64_t t = 0; t < nx; t++)
+                s[4 * r + t] += w[r * in + i] * x[t * in + i];
+    for (int k = 0; k < 16; k++)
+        out[k] = s[k];
+}
+
+/* y[t, o] (row stride ldy) = x[t] . W[o] for rows t < rows; W [out, in] in `type` blocks, x [rows, in].
+ * Returns 0, or -1 for a type or width it cannot take (in must be a whole number of blocks), -2 when out of memory. */
+int64_t quant_matmul_f32(int64_t type, const uint8_t *w, int64_t out, int64_t in, const float *x, int64_t rows,
+                         float *y, int64_t ldy, int64_t threads)
+{
+    const int64_t bytes = quant_block_bytes(type), per_block = quant_block_size(type);
+    if (bytes == 0 || in % per_block || in <= 0)
+        return -1;
+    const int64_t row_bytes = in / per_block * bytes;
+    int failed = 0;
+#ifdef DIRECT_DOT
+    if (rows <= 2) {
+        float *xs = malloc((size_t)(rows * (in / 32)) * sizeof(float));
+        if (!xs)
+            return -2;
+        for (int64_t t = 0; t < rows; t++)
+            block_sums(x + t * in, in, xs + t * (in / 32));
+#pragma omp parallel for schedule(static) num_threads(threads)
+        for (int64_t o = 0; o < out; o++)
+            for (int64_t t = 0; t < rows; t++)
+                y[t * ldy + o] = quant_row_dot(type, w + o * row_bytes, in, x + t * in, xs + t * (in / 32));
+        free(xs);
+        return 0;
+    }
+#endif
+#pragma omp parallel num_threads(threads) reduction(| : failed)
+    {
+        float *buf = aligned_alloc(64, (size_t)(4 * ((in + 15) / 16 * 16)) * sizeof(float));
+        const int64_t stride = (in + 15) / 16 * 16;
+        if (!buf) {
+            failed = 1;
+        } else {
+            /* Four weight rows at a time, each dequantized once into an L1-sized buffer. */
+#pragma omp for schedule(static)
+            for (int64_t o = 0; o < out; o += 4) {
+                const int64_t nw = out - o < 4 ? out - o : 4;
+                for (int64_t r = 0; r < nw; r++)
+                    dequant_row(type, w + (o + r) * row_bytes, in, buf + r * stride);
+                float tile[16];
+                for (int64_t t = 0; t < rows; t += 4) {
+                    const int64_t nx = rows - t < 4 ? rows - t : 4;
+                    if (stride == in) {
+                        dot_tile(buf, nw, x + t * in, nx, in, tile);
+                    } else {
+                        for (int64_t r = 0; r < nw; r++)
+                            dot_tile(buf + r * stride, 1, x + t * in, nx, in, tile + 4 * r);
+                    }
+                    for (int64_t r = 0; r < nw; r++)
+                        for (int64_t k = 0; k < nx; k++)
+                            y[(t + k) * ldy + o + r] = tile[4 * r + k];
+                }
+            }
+        }
+        free(buf);
+    }
+    return failed ? -2 : 0;
+}
+
+/* GGML's reference dequantization of `n` rows, picked by ids (or rows 0..n-1 when ids is NULL), to float32. */
+int64_t dequantize_rows_f32(int64_t type, const uint8_t *w, int64_t in, const int64_t *ids, int64_t n, float *y)
+{
+    const int64_t bytes = quant_block_bytes(type), per_block = quant_block_size(type);
+    if (bytes == 0 || in % per_block || in <= 0)
+        return -1;
+    const int64_t row_bytes = in / per_block * bytes;
+    for (int64_t r = 0; r < n; r++)
+        dequant_row(type, w + (ids ? ids[r] : r) * row_bytes, in, y + r * in);
+    return 0;
+}
+
+static void dequant_row(int64_t type, const uint8_t *row, int64_t in, float *out)
+{
+    const int64_t bytes = quant_block_bytes(type);
+#if defined(__AVX512F__)
+    /* The same arithmetic, 16 values at a time: a multiply, then an add (never fused), as the reference. */
+    if (type == Q8_0 || type == Q4_0 || type == Q4_1) {
+        const __m128i low = _mm_set1_epi8(0x0F);
+        for (int64_t b = 0; b < in / 32; b++) {
+            const uint8_t *blk = row + b * bytes;
+            const __m512 d = _mm512_set1_ps(f16_to_f32(rd16(blk)));
+            __m512 lo, hi;
+            if (type == Q8_0) {
+                lo = widen_i8(_mm_loadu_si128((const __m128i *)(blk + 2)));
+                hi = widen_i8(_mm_loadu_si128((const __m128i *)(blk + 18)));
+                lo = _mm512_mul_ps(lo, d);
+                hi = _mm512_mul_ps(hi, d);
+            } else if (type == Q4_0) {
+                const __m128i raw = _mm_loadu_si128((const __m128i *)(blk + 2)), eight = _mm_set1_epi8(8);
+                lo = _mm512_mul_ps(d, widen_i8(_mm_sub_epi8(_mm_and_si128(raw, low), eight)));
+                hi = _mm512_mul_ps(d, widen_i8(_mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(raw, 4), low), eight)));
+            } else {
+                const __m128i raw = _mm_loadu_si128((const __m128i *)(blk + 4));
+                const __m512 m = _mm512_set1_ps(f16_to_f32(rd16(blk + 2)));
+                lo = _mm512_add_ps(_mm512_mul_ps(d, widen_u8(_mm_and_si128(raw, low))), m);
+                hi = _mm512_add_ps(_mm512_mul_ps(d, widen_u8(_mm_and_si128(_mm_srli_epi16(raw, 4), low))), m);
+            }
+            _mm512_storeu_ps(out + 32 * b, lo);
+            _mm512_storeu_ps(out + 32 * b + 16, hi);
+        }
+        return;
+    }
+#endif
+    if (type == Q4_K || type == Q5_K) {
+        for (int64_t s = 0; s < in / 256; s++) {
+            const uint8_t *blk = row + s * bytes, *scales = blk + 4;
+            const uint8_t *qh = type == Q5_K ? blk + 16 : NULL, *qs = blk + (type == Q5_K ? 48 : 16);
+            const float d = f16_to_f32(rd16(blk)), dmin = f16_to_f32(rd16(blk + 2));
+            for (int i = 0; i < 4; i++) {
+                uint8_t sc, m;
+                scale_min_k4(2 * i, scales, &sc, &m);
+                const float d1 = d * (float)sc, m1 = dmin * (float)m;
+                scale_min_k4(2 * i + 1, scales, &sc, &m);
+                const float d2 = d * (float)sc, m2 = dmin * (float)m;
+                for (int l = 0; l < 32; l++) {
+                    int lo = qs[32 * i + l] & 0xF, hi = qs[32 * i + l] >> 4;
+                    if (qh) {
+                        lo += ((qh[l] >> (2 * i)) & 1) << 4;
+                        hi += ((qh[l] >> (2 * i + 1)) & 1) << 4;
+                    }
+                    out[s * 256 + 64 * i + l] = d1 * (float)lo - m1;
+                    out[s * 256 + 64 * i + 32 + l] = d2 * (float)hi - m2;
+                }
+            }
+        }
+        return;
+    }
+    for (int64_t b = 0; b < in / 32; b++) {
+        const uint8_t *blk = row + b * bytes;
+        const float d = f16_to_f32(rd16(blk));
+        float *o = out + 32 * b;
+        if (type == Q8_0) {
+            for (int l = 0; l < 32; l++)
+                o[l] = d * (float)(int8_t)blk[2 + l];
+        } else if (type == Q4_0) {
+            for (int l = 0; l < 16; l++) {
+                o[l] = d * (float)((blk[2 + l] & 0xF) - 8);
+                o[l + 16] = d * (float)((blk[2 + l] >> 4) - 8);
+            }
+        } else { /* Q4_1 */
+            const float m = f16_to_f32(rd16(blk + 2));
+            for (int l = 0; l < 16; l++) {
+                o[l] = d * (float)(blk[4 + l] & 0xF) + m;
+                o[l + 16] = d * (float)(blk[4 + l] >> 4) + m;
+            }
+        }
+    }
+}

@@ -1,0 +1,128 @@
+"""Matrix products with weights kept in GGML's quantized blocks, on the CPU (csrc/quant_matmul.c).
+
+Built and cached like cpu_kernels.py (same compiler, flags and cache), as its own library, so that the
+engine's other kernels do not depend on it. Types with a kernel: Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, whose
+blocks are dequantized inside the products with float32 activations (AVX-512 where the CPU has it,
+else plain C that the compiler vectorizes). Other GGML types (Q6_K, ...) are dequantized to float32 at
+load by the GGUF loader.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from argosy.engine import cpu_kernels
+
+logger = logging.getLogger(__name__)
+
+CSRC = Path(__file__).parent / "csrc"
+SOURCES = [CSRC / "quant_matmul.c", CSRC / "quant_decode.c"]
+# GGML type number -> (name, weights per block, bytes per block)
+KERNEL_TYPES = {8: ("Q8_0", 32, 34), 2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20), 12: ("Q4_K", 256, 144),
+                13: ("Q5_K", 256, 176)}
+I64, PTR = ctypes.c_int64, ctypes.c_void_p
+
+
+@dataclass(frozen=True)
+class QuantTensor:
+    """A [rows, cols] matrix in one GGML block type: `data` holds each row's blocks, [rows, row_bytes] uint8."""
+
+    qtype: int
+    data: torch.Tensor
+    cols: int
+
+    @property
+    def rows(self) -> int:
+        return self.data.shape[0]
+
+    @property
+    def name(self) -> str:
+        return KERNEL_TYPES[self.qtype][0]
+
+    def __post_init__(self) -> None:
+        if self.qtype not in KERNEL_TYPES:
+            raise ValueError(f"no quantized kernel for GGML type {self.qtype}")
+        _, per_block, nbytes = KERNEL_TYPES[self.qtype]
+        if self.cols % per_block or self.data.dtype != torch.uint8 or self.data.dim() != 2 \
+                or self.data.shape[1] != self.cols // per_block * nbytes or not self.data.is_contiguous():
+            raise ValueError(f"{self.name} data of shape {tuple(self.data.shape)} does not hold rows of {self.cols}")
+
+
+def _load(lib_path: Path) -> ctypes.CDLL:
+    lib = ctypes.CDLL(str(lib_path))
+    lib.quant_matmul_f32.argtypes = [I64, PTR, I64, I64, PTR, I64, PTR, I64, I64]
+    lib.quant_matmul_f32.restype = I64
+    lib.dequantize_rows_f32.argtypes = [I64, PTR, I64, PTR, I64, PTR]
+    lib.dequantize_rows_f32.restype = I64
+    lib.quant_decode_layers.argtypes = [I64, PTR, PTR, *[I64] * 5, ctypes.c_float, PTR, PTR, PTR, *[I64] * 4,
+                                        ctypes.c_float, I64]
+    lib.quant_decode_layers.restype = I64
+    return lib
+
+
+def build_library(extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL:
+    """Builds (or finds in the cache) the library; extra_flags select other code paths (tests: -mno-avx2 ...)."""
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        raise RuntimeError("no C compiler (cc or gcc) on PATH")
+    # The shared header is not a compiled source: its hash, as a define, keys the cached library too.
+    header = hashlib.sha256((CSRC / "quant_blocks.h").read_bytes()).hexdigest()[:16]
+    flags = [*cpu_kernels.FLAGS, f"-DQUANT_BLOCKS_H={header}", *extra_flags]
+    return _load(cpu_kernels._build(compiler, SOURCES, flags, stem="argosy-quant"))
+
+
+@functools.cache
+def _library() -> ctypes.CDLL | None:
+    if os.environ.get("ARGOSY_CPU_KERNELS", "1") == "0":
+        return None
+    try:
+        return build_library()
+    except (OSError, RuntimeError, subprocess.SubprocessError) as e:
+        logger.warning("quantized CPU kernels unavailable (%s); quantized weights are dequantized at load",
+                       getattr(e, "stderr", "") or e)
+        return None
+
+
+def available() -> bool:
+    return _library() is not None
+
+
+def matmul(w: QuantTensor, x: torch.Tensor, out: torch.Tensor | None = None, lib: ctypes.CDLL | None = None
+           ) -> torch.Tensor:
+    """x [rows, cols] float32 -> x @ w.T, [rows, w.rows]; into `out` (a [rows, >= w.rows] view whose rows
+    may be strided, e.g. a column slice of a wider output) where given."""
+    if x.dtype != torch.float32 or x.dim() != 2 or x.shape[1] != w.cols:
+        raise ValueError(f"x must be float32 [rows, {w.cols}], got {x.dtype} {tuple(x.shape)}")
+    x = x.contiguous()
+    if out is None:
+        out = x.new_empty((x.shape[0], w.rows))
+    if out.shape != (x.shape[0], w.rows) or out.stride(1) != 1 or out.dtype != torch.float32:
+        raise ValueError("out must be float32 [rows, w.rows] with contiguous rows")
+    rc = (lib or _library()).quant_matmul_f32(w.qtype, w.data.data_ptr(), w.rows, w.cols, x.data_ptr(),
+                                              x.shape[0], out.data_ptr(), out.stride(0), torch.get_num_threads())
+    if rc:
+        raise MemoryError("quantized matmul: out of memory") if rc == -2 else ValueError("quantized matmul: bad shape")
+    return out
+
+
+def dequantize_rows(w: QuantTensor, ids: torch.Tensor | None = None, lib: ctypes.CDLL | None = None) -> torch.Tensor:
+    """Rows `ids` (int64; all rows when None) of w as float32, exactly as GGML dequantizes them."""
+    if ids is not None:
+        ids = ids.reshape(-1).to(torch.int64).contiguous()
+        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= w.rows):
+            raise IndexError(f"row id out of range [0, {w.rows})")
+    n = w.rows if ids is None else ids.numel()
+    y = torch.empty((n, w.cols), dtype=torch.float32)
+    (lib or _library()).dequantize_rows_f32(w.qtype, w.data.data_ptr(), w.cols,
+                                           None if ids is None else ids.data_ptr(), n, y.data_ptr())
+    return y

@@ -1,0 +1,232 @@
+"""GGUF checkpoints: loading per tensor type, the tokenizer from metadata, the same tokens as the Hugging Face
+path, serving end to end, and bad files rejected with a clear error."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+gguf = pytest.importorskip("gguf")
+
+from argosy import LLM, SamplingParams  # noqa: E402
+from argosy.engine import quant_kernels  # noqa: E402
+from argosy.engine.checkpoint import CheckpointError, load_model_config  # noqa: E402
+from argosy.engine.gguf.file import gguf_model_config  # noqa: E402
+from argosy.engine.gguf.loader import GGUFWeights  # noqa: E402
+from argosy.engine.gguf.tokenizer import gguf_tokenizer  # noqa: E402
+from argosy.engine.quant_linear import QuantEmbedding, QuantLinear  # noqa: E402
+from argosy.engine.random_model import make_random_model  # noqa: E402
+from tests.gguf_fixtures import hf_to_gguf, permute  # noqa: E402
+from tests.test_quant_kernels import random_blocks  # noqa: E402
+
+DIMS = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
+GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+LONGER = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+PROMPTS = ["It is a truth universally acknowledged", "Hello, my name is", "1 2 3"]
+
+
+@pytest.fixture(scope="module")
+def llama_folder(tmp_path_factory):
+    return make_random_model(tmp_path_factory.mktemp("hf") / "llama", arch="llama", **DIMS)
+
+
+def greedy(model: str, **kwargs) -> list[list[int]]:
+    with LLM(model, kv_cache_memory_gib=0.05, **kwargs) as llm:
+        return [o.outputs[0].token_ids for o in llm.generate(PROMPTS, GREEDY, use_tqdm=False)]
+
+
+def test_every_tensor_type_loads_as_gguf_dequantizes_it(tmp_path, llama_folder):
+    types = {"blk.0.attn_q.weight": "F16", "blk.0.attn_k.weight": "BF16", "blk.0.attn_v.weight": "Q8_0",
+             "blk.0.attn_output.weight": "Q4_0", "blk.0.ffn_gate.weight": "Q4_1", "blk.0.ffn_up.weight": "Q8_0"}
+    path = hf_to_gguf(llama_folder, tmp_path / "mixed.gguf", "F32", tensor_types=types)
+    # The K-quants (the gguf package only dequantizes them): random valid blocks in a file of their own.
+    kquants = tmp_path / "k.gguf"
+    writer = gguf.GGUFWriter(str(kquants), "llama")
+    for name, qtype in (("q4k", 12), ("q5k", 13), ("q6k", 14)):
+        writer.add_tensor(name, random_blocks(qtype, 8, 512), raw_dtype=gguf.GGMLQuantizationType(qtype))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    cfg = gguf_model_config(path)
+    for file, names in ((path, list(types) + ["blk.0.ffn_down.weight"]), (kquants, ["q4k", "q5k", "q6k"])):
+        weights = GGUFWeights(file, cfg, reader=gguf.GGUFReader(file))
+        weights.arch = "qwen2"  # no q/k permutation here: the bytes as stored
+        for name in names:
+            t = weights.tensors[name]
+            ref = gguf.quants.dequantize(t.data, t.tensor_type).reshape(int(t.shape[1]), int(t.shape[0]))
+            ours = quant_kernels.dequantize_rows(weights.quant(name)) if weights.has_kernel(name) \
+                else weights.float32(name)
+            assert ours.numpy().view(np.uint32).tolist() == ref.view(np.uint32).tolist(), name
+
+
+def test_llama_q_and_k_rows_are_put_back(tmp_path, llama_folder):
+    from safetensors.torch import load_file
+
+    path = hf_to_gguf(llama_folder, tmp_path / "q8.gguf", "Q8_0")
+    weights = GGUFWeights(path, gguf_model_config(path))
+    hf = load_file(str(llama_folder / "model.safetensors"))
+    for name, hf_name in (("blk.1.attn_q.weight", "q_proj"), ("blk.1.attn_k.weight", "k_proj")):
+        ours = quant_kernels.dequantize_rows(weights.quant(name))
+        ref = hf[f"model.layers.1.self_attn.{hf_name}.weight"]
+        assert (ours - ref).abs().max() < 0.02 * ref.abs().max()  # Q8_0 rounding, rows in HF order
+    assert not np.array_equal(permute(np.arange(8 * 4).reshape(8, 4), 2), np.arange(8 * 4).reshape(8, 4))
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+def test_float_gguf_gives_the_hf_path_tokens(tmp_path_factory, arch):
+    folder = make_random_model(tmp_path_factory.mktemp(arch) / arch, arch=arch, **DIMS)
+    path = hf_to_gguf(folder, folder.parent / f"{arch}.gguf", "F32")
+    assert gguf_model_config(path).architecture == load_model_config(folder).architecture
+    assert greedy(str(path)) == greedy(str(folder))
+
+
+def test_quantized_gguf_matches_the_same_blocks_quantized_at_load(tmp_path, llama_folder):
+    path = hf_to_gguf(llama_folder, tmp_path / "q8.gguf", "Q8_0", tensor_types={"token_embd.weight": "F32"})
+    with LLM(str(path), kv_cache_memory_gib=0.05) as llm:
+        layer = llm.engine.runner.model.layers[0]
+        assert isinstance(layer.self_attn.qkv_proj, QuantLinear) and isinstance(layer.mlp.down_proj, QuantLinear)
+        from_file = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, GREEDY, use_tqdm=False)]
+    assert from_file == greedy(str(llama_folder), quantization="q8_0")
+
+
+def test_quantized_embedding_is_shared_with_a_tied_output(tmp_path_factory):
+    folder = make_random_model(tmp_path_factory.mktemp("tied") / "tied", arch="llama", tie_word_embeddings=True,
+                               **DIMS)
+    path = hf_to_gguf(folder, folder.parent / "tied.gguf", "Q4_0")
+    with LLM(str(path), kv_cache_memory_gib=0.05) as llm:
+        model = llm.engine.runner.model
+        assert isinstance(model.embed_tokens, QuantEmbedding)
+        assert model.lm_head.segments[0] is model.embed_tokens.table
+        assert len(llm.generate(PROMPTS[:1], GREEDY, use_tqdm=False)[0].outputs[0].token_ids) == 12
+
+
+def test_tokenizer_from_metadata_matches_tokenizers(tmp_path, llama_folder):
+    from tokenizers import Tokenizer as HFTokenizer
+
+    path = hf_to_gguf(llama_folder, tmp_path / "t.gguf", "F32")
+    ours, ref = gguf_tokenizer(path), HFTokenizer.from_file(str(llama_folder / "tokenizer.json"))
+    texts = ["It is a truth universally acknowledged, 12345!", "  two  spaces\n\nand lines", "naïve café 東京 🚀",
+             "<|im_start|>user\nhi<|im_end|>", "don't I'll we've"]
+    for text in texts:
+        assert ours.encode(text) == ref.encode(text).ids, text
+        ids = ref.encode(text).ids
+        assert ours.decode(ids, skip_special_tokens=False) == ref.decode(ids, skip_special_tokens=False)
+    assert ours.eos_token_id == ref.token_to_id("</s>") and ours.bos_token_id == ref.token_to_id("<s>")
+    assert ours.apply_chat_template([{"role": "user", "content": "hi"}]).endswith("<|im_start|>assistant\n")
+
+
+def test_sentencepiece_vocabulary_matches_sentencepiece(tmp_path):
+    spm = pytest.importorskip("sentencepiece")
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(["It is a truth universally acknowledged, that a single man in possession of a good "
+                                 "fortune, must be in want of a wife.", "However little known the feelings or views "
+                                 "of such a man may be on his first entering a neighbourhood 1234.",
+                                 "Emma Woodhouse, handsome, clever, and rich, with a comfortable home."] * 20))
+    spm.SentencePieceTrainer.train(input=str(corpus), model_prefix=str(tmp_path / "sp"), vocab_size=400,
+                                   model_type="bpe", byte_fallback=True, character_coverage=1.0,
+                                   bos_id=1, eos_id=2, unk_id=0, minloglevel=2)
+    sp = spm.SentencePieceProcessor(model_file=str(tmp_path / "sp.model"))
+    writer = gguf.GGUFWriter(str(tmp_path / "sp.gguf"), "llama")
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list([sp.id_to_piece(i) for i in range(sp.get_piece_size())])
+    writer.add_token_scores([sp.get_score(i) for i in range(sp.get_piece_size())])
+    types = [3 if sp.is_control(i) else 2 if sp.is_unknown(i) else 6 if sp.is_byte(i) else 1
+             for i in range(sp.get_piece_size())]
+    writer.add_token_types(types)
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    writer.add_unk_token_id(0)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    ours = gguf_tokenizer(tmp_path / "sp.gguf")
+    for text in ["It is a truth universally acknowledged", "fortune 5678, Emma!", "Zebra quux ünïcode"]:
+        assert ours.encode(text) == [1, *sp.encode(text)], text
+        assert ours.decode(sp.encode(text)) == sp.decode(sp.encode(text))
+
+
+def test_a_gguf_file_served_end_to_end(tmp_path, llama_folder):
+    from openai import OpenAI
+
+    from tests.server_fixtures import ServerProcess
+
+    path = hf_to_gguf(llama_folder, tmp_path / "served.gguf", "Q4_1")
+    with ServerProcess(str(path), served_name="tiny-gguf") as server:
+        client = OpenAI(base_url=server.base_url, api_key="none")
+        assert [m.id for m in client.models.list().data] == ["tiny-gguf"]
+        out = client.completions.create(model="tiny-gguf", prompt="Hello", max_tokens=8, temperature=0,
+                                        extra_body={"ignore_eos": True})
+        assert out.usage.completion_tokens == 8 and out.choices[0].text
+        chat = client.chat.completions.create(model="tiny-gguf", messages=[{"role": "user", "content": "hi"}],
+                                              max_tokens=5, temperature=0)
+        assert chat.choices[0].message.content is not None and chat.usage.completion_tokens >= 1
+
+
+def _bad_files(tmp_path, llama_folder):
+    good = hf_to_gguf(llama_folder, tmp_path / "good.gguf", "Q8_0")
+    data = good.read_bytes()
+    (tmp_path / "truncated.gguf").write_bytes(data[: len(data) // 2])
+    (tmp_path / "magic.gguf").write_bytes(b"GGML" + data[4:])
+    arch = hf_to_gguf(llama_folder, tmp_path / "arch.gguf", "F32", arch="phi3")
+    kind = hf_to_gguf(llama_folder, tmp_path / "kind.gguf", "F32")
+    blob = bytearray(kind.read_bytes())
+    # Retype one tensor's header (its name, then dims, then the type) as Q2_K, which Argosy does not read.
+    name = b"blk.0.attn_norm.weight"
+    at = blob.index(name) + len(name) + 4 + 8  # n_dims (uint32), one dim (uint64)
+    blob[at:at + 4] = int(gguf.GGMLQuantizationType.Q2_K).to_bytes(4, "little")
+    (tmp_path / "kind.gguf").write_bytes(bytes(blob))
+    return {"truncated": ("truncated", tmp_path / "truncated.gguf"),
+            "magic": ("not a GGUF file", tmp_path / "magic.gguf"),
+            "arch": ("unsupported GGUF architecture 'phi3'", arch),
+            "kind": ("'blk.0.attn_norm.weight' has type Q2_K", tmp_path / "kind.gguf")}
+
+
+def test_bad_files_are_rejected_with_a_clear_error(tmp_path, llama_folder):
+    for label, (message, path) in _bad_files(tmp_path, llama_folder).items():
+        with pytest.raises(CheckpointError, match=message.replace("(", r"\(")):
+            LLM(str(path), kv_cache_memory_gib=0.05)
+        if label == "magic":  # and from the command line: one line, exit 2, no traceback
+            run = subprocess.run([sys.executable, "-m", "argosy.cli", "generate", "--model", str(path), "hi"],
+                                 capture_output=True, text=True, timeout=120)
+            assert run.returncode == 2 and "not a GGUF file" in run.stderr and "Traceback" not in run.stderr
+
+
+def test_gguf_config_from_metadata(tmp_path, llama_folder):
+    path = hf_to_gguf(llama_folder, tmp_path / "c.gguf", "F32")
+    ours, ref = gguf_model_config(path), load_model_config(llama_folder)
+    for field in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads",
+                  "head_dim", "rope_theta", "max_position_embeddings", "tie_word_embeddings"):
+        assert getattr(ours, field) == getattr(ref, field), field
+    assert ours.rms_norm_eps == pytest.approx(ref.rms_norm_eps)
+
+
+def test_one_token_steps_in_one_c_call_give_the_layer_by_layer_tokens(tmp_path, llama_folder, monkeypatch):
+    path = str(hf_to_gguf(llama_folder, tmp_path / "q41.gguf", "Q4_1", tensor_types={"blk.1.attn_v.weight": "Q8_0"}))
+    with LLM(path, kv_cache_memory_gib=0.05) as llm:
+        assert "forward" in vars(llm.engine.runner.model)  # the one-token path is installed
+        fused = [llm.generate(p, LONGER, use_tqdm=False)[0].outputs[0].token_ids for p in PROMPTS]  # one stream
+    monkeypatch.setenv("ARGOSY_QUANT_DECODE", "0")
+    with LLM(path, kv_cache_memory_gib=0.05) as llm:
+        assert "forward" not in vars(llm.engine.runner.model)
+        layered = [llm.generate(p, LONGER, use_tqdm=False)[0].outputs[0].token_ids for p in PROMPTS]
+    assert fused == layered
+
+
+def test_quantized_kernels_give_the_dequantized_float_model_tokens(tmp_path, llama_folder, monkeypatch):
+    path = str(hf_to_gguf(llama_folder, tmp_path / "q4.gguf", "Q4_1", tensor_types={"token_embd.weight": "Q8_0"}))
+
+    def batch_and_single_streams(llm) -> list[list[int]]:  # a batch: 4x4 tiles; one stream: the single-row path
+        both = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, GREEDY, use_tqdm=False)]
+        return both + [llm.generate(p, GREEDY, use_tqdm=False)[0].outputs[0].token_ids for p in PROMPTS]
+
+    with LLM(path, kv_cache_memory_gib=0.05) as llm:
+        kept = batch_and_single_streams(llm)
+    monkeypatch.setattr(quant_kernels, "available", lambda: False)  # every tensor dequantized to float32 at load
+    with LLM(path, kv_cache_memory_gib=0.05) as llm:
+        assert not any(isinstance(m, QuantLinear) for m in llm.engine.runner.model.modules())
+        assert kept == batch_and_single_streams(llm)
