@@ -14,6 +14,7 @@ from argosy.config import parse_fleet
 from argosy.sim.capacity_mix import HOURS, region_mix, week_factors
 from argosy.sim.fleet import FleetSim, SimSettings
 from argosy.sim.profile import StepProfile
+from argosy.sim.results import SLO, render_text, summarize
 from argosy.sim.traffic import Failure, Lengths, Region, TrafficSpec, make_requests
 
 REGIONS = ["eu-west", "eu-north", "us-east"]
@@ -67,6 +68,9 @@ def test_sim_fails_a_region_over_by_the_gateways_rule_and_back_after_the_hold_do
     assert set(served(sim, "eu-north", 15, 20)) == {"eu-north"}
     away = [q for q in sim.done if REGIONS[q.region] == "eu-north" and 5.5 <= q.arrival_s < 10]
     assert all(q.extra_latency_s == pytest.approx(0.03) for q in away)  # that pair's round trip, added
+    res = summarize(sim, SLO(), warmup_s=5.5)  # `argosy sim`'s answer says who served what
+    assert res["served_by"]["eu-north"]["eu-west"] >= down["eu-west"] and "us-east" not in res["served_by"]["eu-north"]
+    assert "arrived in eu-north: served" in render_text(res)
     # Without a fleet file the sim knows no region routing: the old even spread over the live regions.
     old = served(run(spec, None), "eu-north", 5.5, 10)
     assert old.get("us-east", 0) > 0
