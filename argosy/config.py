@@ -276,6 +276,9 @@ class ModelConfig(_Strict):
     provider: str = "local"
     resources: dict[str, float] = {}  # custom resources each replica needs (ray: requested by its actor)
     engine: EngineSection = EngineSection()
+    # Each pipeline stage on a node of its own (kubernetes: a replica is a LeaderWorkerSet group of
+    # pipeline_parallel_size pods, each with tensor_parallel_size GPUs; docs/kubernetes.md).
+    pipeline_across_nodes: bool = False
     routing: RoutingConfig = RoutingConfig()
     length_classes: list[LengthClass] | None = None
     autoscaling: AutoscalingConfig = AutoscalingConfig()
@@ -333,6 +336,20 @@ class ModelConfig(_Strict):
             if bounds != sorted(bounds) or len(set(bounds)) != len(bounds):
                 raise ValueError("length_classes must be in increasing max_prompt_tokens order")
         return v
+
+    @model_validator(mode="after")
+    def _across_nodes(self) -> ModelConfig:
+        if self.pipeline_across_nodes:
+            if self.provider != "kubernetes":
+                raise ValueError(f"pipeline_across_nodes: only the kubernetes provider runs a replica across "
+                                 f"nodes (a LeaderWorkerSet); this model's provider is {self.provider!r}")
+            sizes = [self.engine.pipeline_parallel_size] + [r.engine.pipeline_parallel_size for r in self.revisions
+                                                            if r.engine is not None and
+                                                            "pipeline_parallel_size" in r.engine.model_fields_set]
+            if min(sizes) < 2:
+                raise ValueError("pipeline_across_nodes needs engine.pipeline_parallel_size of 2 or more "
+                                 "(one node per stage)")
+        return self
 
     @model_validator(mode="after")
     def _revisions(self) -> ModelConfig:

@@ -43,6 +43,11 @@ def podman(*args: str, check: bool = True, timeout: float = 120) -> subprocess.C
     return out
 
 
+def container_log(name: str) -> str:
+    out = podman("logs", name, check=False)  # the container's stdout and stderr come back as podman's
+    return (out.stdout + out.stderr)[-3000:]
+
+
 def ensure_tools() -> None:
     if shutil.which("podman") and shutil.which("mmdebstrap"):
         return
@@ -113,7 +118,7 @@ def test_the_cpu_image_is_layered_small_and_not_root(image):
 def test_serve_in_the_image_streams_and_drains_on_podman_stop(image, tmp_path):
     from openai import OpenAI
 
-    key, key_hash = new_key()
+    key, key_hash = new_key(os.environ["ARGOSY_KEY_PEPPER"].encode())
     fleet = tmp_path / "fleet.yaml"
     builtin = "/opt/argosy/app/argosy/models/builtin"  # the built-in model, inside the image's package
     fleet.write_text(yaml.safe_dump({"keys": [{"name": "test", "hash": key_hash}], "gateway": {"drain_timeout_s": 25},
@@ -121,8 +126,9 @@ def test_serve_in_the_image_streams_and_drains_on_podman_stop(image, tmp_path):
                                                  "autoscaling": {"min_replicas": 1, "max_replicas": 1}}]}))
     fleet.chmod(0o644)
     port, name = free_port(), f"argosy-test-{uuid.uuid4().hex[:8]}"
+    # The key is hashed with the tests' pepper (conftest); the container gets it as a deployment would.
     podman("run", "-d", "--name", name, "-p", f"127.0.0.1:{port}:8000", "-v", f"{fleet}:/etc/argosy/fleet.yaml:ro",
-           "--memory", "4g", image)
+           "-e", "ARGOSY_KEY_PEPPER", "--memory", "4g", image)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 240
@@ -133,7 +139,7 @@ def test_serve_in_the_image_streams_and_drains_on_podman_stop(image, tmp_path):
             except httpx.HTTPError:
                 pass
             state = podman("inspect", "--format", "{{.State.Status}}", name).stdout.strip()
-            assert state == "running" and time.monotonic() < deadline, podman("logs", name, check=False).stdout[-3000:]
+            assert state == "running" and time.monotonic() < deadline, container_log(name)
             time.sleep(1)
 
         client = OpenAI(base_url=url + "/v1", api_key=key, max_retries=0, timeout=120)

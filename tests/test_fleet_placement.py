@@ -222,6 +222,19 @@ def test_config_check_skips_placement_for_discovered_ray_nodes(tmp_path):
     assert rc == 0 and "ok (2 models, 2 managed, 2 nodes)" in out and "not checked" not in out, err
 
 
+def test_config_check_places_each_pipeline_stage_on_a_node_of_its_own(tmp_path):
+    engine = {"device": "cpu", "kv_cache_memory_gib": 0.1, "pipeline_parallel_size": 2}
+    fleet = {"providers": {"kubernetes": {}},
+             "nodes": [{"name": n, "provider": "kubernetes", "memory_gib": 8} for n in ("a", "b")],
+             "models": [{"name": "m", "provider": "kubernetes", "pipeline_across_nodes": True, "engine": engine,
+                         "autoscaling": {"min_replicas": 2}}]}
+    rc, out, err = _check(tmp_path, fleet)
+    assert rc == 0 and "ok (1 models, 1 managed, 2 nodes)" in out, err
+    fleet["nodes"].pop()
+    rc, out, err = _check(tmp_path, fleet)
+    assert rc == 2 and "replica 1 of min_replicas cannot be placed" in err and "stage 2 of 2" in err, err
+
+
 def test_status_shows_custom_resources_in_use():
     from argosy.fleet.status import render
 
@@ -229,3 +242,30 @@ def test_status_shows_custom_resources_in_use():
     node = {"name": "a", "provider": "ray", "gpus": [], "memory_gib": None, "used_gib": 0.0, "resources": res}
     assert render({"nodes": [node], "models": []}) == ("node a (ray): no GPU; 0.00 GiB RAM; "
                                                        "resources argosy_node_type_a 1/4")
+
+
+def test_pipeline_stages_each_take_a_node_of_their_own_and_release_together():
+    placer = Placer([gpu_node("a", 80, 80), gpu_node("b", 80, 80), gpu_node("c", 80, 80)])
+    with pytest.raises(Unplaceable):  # tp=2 x pp=2: four GPUs on one node, which no node has
+        placer.place("one", "m", Need(4, 30), "local")
+    p = placer.place_stages("x", "m", Need(4, 30), 2, "local")
+    assert p.need == Need(2, 30)  # per stage
+    assert len({n for n, _ in p.parts()}) == 2 and all(g == (0, 1) for _, g in p.parts())
+    used = {n.name: [g.used_gib for g in n.gpus] for n in placer.nodes.values()}
+    assert sorted(used.values()) == [[0, 0], [30, 30], [30, 30]]
+    with pytest.raises(Unplaceable, match="stage 2 of 2"):  # only the free node has room for a stage
+        placer.place_stages("y", "m", Need(4, 60), 2, "local")
+    assert {n.name: [g.used_gib for g in n.gpus] for n in placer.nodes.values()} == used  # nothing left held
+    placer.release("x")
+    assert all(g.used_gib == 0 for n in placer.nodes.values() for g in n.gpus)
+    with pytest.raises(Unplaceable, match="stage 2 of 2"):  # two stages never share a node, however big
+        Placer([gpu_node("big", 80, 80, 80, 80)]).place_stages("z", "m", Need(4, 30), 2, "local")
+
+
+@pytest.mark.parametrize("model, why", [
+    ({"provider": "local", "engine": {"pipeline_parallel_size": 2}}, "only the kubernetes provider"),
+    ({"provider": "kubernetes"}, "pipeline_parallel_size of 2 or more"),
+])
+def test_pipeline_across_nodes_needs_kubernetes_and_stages(model, why):
+    with pytest.raises(ValueError, match=why):
+        parse_fleet({"models": [{"name": "m", "checkpoint": "/x", "pipeline_across_nodes": True, **model}]})

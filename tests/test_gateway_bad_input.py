@@ -162,7 +162,7 @@ def test_an_admission_slot_is_released_when_handling_fails_or_is_cancelled(monke
             return sent
 
         try:
-            def broken(self, session_key):
+            def broken(self, session_key, wanted=None):
                 raise RuntimeError("a bug after admission")
 
             with monkeypatch.context() as mp:

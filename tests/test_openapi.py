@@ -36,6 +36,7 @@ def call_each(url: str, doc: dict, model: str, headers=lambda path: {}) -> dict[
     seen = {}
     for path, ops in doc["paths"].items():
         concrete = path.replace("{model}", model).replace("{name}", "fuzz-doc").replace("{file}", "dashboard.js")
+        concrete = concrete.replace("{action}", "pause")
         if path == "/admin/keys/{name}/rotate":
             concrete = "/admin/keys/u/rotate"  # the user key: it gets a new secret
         for method in ("get", "post", "delete", "head"):
@@ -78,7 +79,9 @@ def gateway_routes() -> set[tuple[str, str]]:
 
     served = {(m, p.rstrip("/") or "/") for m, p in ROUTES}
     templates = {"/admin/keys/": {"DELETE": "/admin/keys/{name}", "POST": "/admin/keys/{name}/rotate"},
-                 "/dashboard/": {"GET": "/dashboard/{file}"}}
+                 "/dashboard/": {"GET": "/dashboard/{file}"},
+                 "/admin/rollouts/": {"GET": "/admin/rollouts/{model}", "POST": "/admin/rollouts/{model}/{action}"},
+                 "/admin/shadow/": {"GET": "/admin/shadow/{model}"}}
     return served | {(m, templates[prefix][m]) for m, prefix, _ in PREFIX_ROUTES}
 
 
@@ -92,9 +95,12 @@ def test_gateway_document_is_complete_and_truthful():
         doc = httpx.get(gw.url + "/openapi.json", timeout=10).json()
         seen = call_each(gw.url, doc, "m", lambda path: {
             "authorization": f"Bearer {admin if path.startswith('/admin/') else user}"})
-        # /admin/fleet is served under `argosy serve` only; `m` is a chat model, so embeddings get TEI's 424
-        expected = {"GET /admin/fleet": 404, **{f"POST {p}": 424 for p in ("/v1/embeddings", "/embed", "/v1/rerank",
-                                                                            "/rerank")}}
+        # the fleet's and rollouts' admin paths are served under `argosy serve` only; `m` is a chat model,
+        # so the encoder endpoints answer TEI's 424
+        serve_only = ("GET /admin/fleet", "GET /admin/rollouts", "GET /admin/rollouts/{model}",
+                      "POST /admin/rollouts/{model}/{action}")
+        encoder = ("POST /v1/embeddings", "POST /embed", "POST /v1/rerank", "POST /rerank")
+        expected = {**dict.fromkeys(serve_only, 404), **dict.fromkeys(encoder, 424)}
         bad = {k: v for k, v in seen.items() if v >= 400 and expected.get(k) != v}
         assert not bad, bad
         documented = {(m.upper(), p) for p, ops in doc["paths"].items() for m in ops}

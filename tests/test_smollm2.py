@@ -64,3 +64,39 @@ def test_smollm2_tokenizer_matches_transformers():
     assert text == ref.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     for s in [text, "Hello world 12345  foo\n\nbar", "naïve café — 東京 🚀", "It's 3.14!"]:
         assert ours.encode(s, add_special_tokens=False) == ref.encode(s, add_special_tokens=False), s
+
+
+@needs_smollm2
+def test_smollm2_weather_tool_conversation_through_the_openai_client():
+    """Two turns as OpenAI's weather example: the call is forced (`required`), so it parses; the tool's result
+    goes back as a `tool` message, and the model's answer uses it. SmolLM2's template knows no tools: the
+    server's plain rendering of the result is what makes this model answer instead of echoing it."""
+    import json
+
+    import openai
+
+    from tests.server_fixtures import ServerProcess
+
+    city = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": city,
+                                               "description": "Get the current weather in a city"}}]
+    messages = [{"role": "system", "content": "You are a helpful assistant. Use the tools, then answer in one "
+                                              "sentence."},
+                {"role": "user", "content": "What is the weather in Paris?"}]
+    with ServerProcess(SMOLLM2, "--max-model-len", "2048", "--kv-cache-memory", "0.05") as server, \
+            openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0) as client:
+        first = client.chat.completions.create(model=server.model_name, messages=messages, tools=tools,
+                                               tool_choice="required", parallel_tool_calls=False, temperature=0.0,
+                                               max_tokens=64)
+        assert first.choices[0].finish_reason == "tool_calls"
+        (call,) = first.choices[0].message.tool_calls
+        assert call.function.name == "get_weather"
+        assert json.loads(call.function.arguments) == {"city": "Paris"}
+        messages += [first.choices[0].message.model_dump(exclude_none=True),
+                     {"role": "tool", "tool_call_id": call.id, "content": "Sunny, 22 degrees Celsius"}]
+        second = client.chat.completions.create(model=server.model_name, messages=messages, tools=tools,
+                                                tool_choice="none", temperature=0.0, max_tokens=64)
+    answer = second.choices[0].message.content
+    assert second.choices[0].message.tool_calls is None
+    assert "22" in answer and "sunny" in answer.lower(), answer
+    assert "returned" not in answer and "<tool" not in answer, answer  # an answer, not the result echoed

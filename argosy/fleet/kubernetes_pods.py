@@ -22,6 +22,7 @@ from argosy.fleet.placement import GPU, Need, Node, Placement
 GIB = 1024 ** 3
 LABEL = "argosy.dev"  # labels and annotations
 COMPONENT = "app.kubernetes.io/component"
+LWS_GROUP, LWS_VERSION, LWS_PLURAL = "leaderworkerset.x-k8s.io", "v1", "leaderworkersets"
 OOM_MARKERS = ("out of memory", "outofmemoryerror", "cuda error: out of memory", "oomkilled")
 
 
@@ -107,28 +108,46 @@ def replica_pod(name: str, replica_id: str, model: str, checkpoint: str, args: l
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
 
 
-def leader_worker_set(pod: dict, pipeline_size: int) -> dict:
-    """A model whose pipeline stages span nodes: one LeaderWorkerSet group of `pipeline_size` pods, each
-    rank under torchrun (rank 0, the leader, serves HTTP; docs/parallel.md). The replica is the group."""
-    def rank_pod(leader: bool) -> dict:
+def leader_worker_set(pod: dict, placement: Placement | None, stages: int) -> dict:
+    """A replica whose pipeline stages span nodes: one LeaderWorkerSet group of `stages` pods (the LWS
+    takes the pod's name), each rank under torchrun (rank 0, the leader, serves HTTP; docs/parallel.md).
+    Labels `argosy.dev/group` (the LWS's name) and `argosy.dev/role` (leader, worker) find the group's
+    pods; an anti-affinity keeps them on nodes of their own, pinned (without `scheduler_name`) to the
+    nodes the placer chose. A worker has no probes nor preStop: the leader's say for the group."""
+    name, meta = pod["metadata"]["name"], pod["metadata"]
+    apart = {"requiredDuringSchedulingIgnoredDuringExecution": [{
+        "labelSelector": {"matchLabels": {f"{LABEL}/group": name}}, "topologyKey": "kubernetes.io/hostname"}]}
+
+    def rank_pod(role: str, nodes: list[str], gpus: tuple[int, ...] | None) -> dict:
         spec = {k: v for k, v in pod["spec"].items() if k != "affinity"}
+        spec["affinity"] = {"podAntiAffinity": apart}
+        if "affinity" in pod["spec"] and nodes:  # pinned: the placer chose the nodes
+            spec["affinity"]["nodeAffinity"] = {"requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": nodes}]}]}}
         c = dict(spec["containers"][0])
         rdzv = "$(LWS_LEADER_ADDRESS):29500"
         c["command"] = ["/usr/bin/tini", "--", "/opt/argosy/bin/python", "-m", "torch.distributed.run",
-                        f"--nnodes={pipeline_size}", "--nproc-per-node=1", "--node-rank=$(LWS_WORKER_INDEX)",
+                        f"--nnodes={stages}", "--nproc-per-node=1", "--node-rank=$(LWS_WORKER_INDEX)",
                         "--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv}", "-m", "argosy.cli"]
-        if not leader:
+        if role == "worker":
             for probe in ("readinessProbe", "startupProbe", "livenessProbe", "lifecycle"):
                 c.pop(probe, None)
         spec["containers"] = [c]
-        return {"metadata": {"labels": pod["metadata"]["labels"], "annotations": pod["metadata"]["annotations"]},
-                "spec": spec}
+        labels = {**meta["labels"], f"{LABEL}/group": name, f"{LABEL}/role": role}
+        annotations = dict(meta["annotations"])
+        if gpus is not None and f"{LABEL}/gpus" in annotations:  # shares GPUs by memory: the stage's own
+            annotations[f"{LABEL}/gpus"] = ",".join(map(str, gpus))
+        return {"metadata": {"labels": labels, "annotations": annotations}, "spec": spec}
 
-    meta = {k: v for k, v in pod["metadata"].items()}
-    return {"apiVersion": "leaderworkerset.x-k8s.io/v1", "kind": "LeaderWorkerSet", "metadata": meta,
-            "spec": {"replicas": 1, "startupPolicy": "LeaderReady", "leaderWorkerTemplate": {
-                "size": pipeline_size, "restartPolicy": "RecreateGroupOnPodRestart",
-                "leaderTemplate": rank_pod(True), "workerTemplate": rank_pod(False)}}}
+    parts = placement.parts() if placement is not None else []
+    leader = rank_pod("leader", [n for n, _ in parts[:1]], None)
+    # One template for every worker: each gets the first worker stage's GPU indices (exact for two stages).
+    worker = rank_pod("worker", [n for n, _ in parts[1:]], parts[1][1] if len(parts) > 1 else None)
+    lws_meta = {**meta, "labels": {**meta["labels"], f"{LABEL}/group": name}}
+    return {"apiVersion": f"{LWS_GROUP}/{LWS_VERSION}", "kind": "LeaderWorkerSet", "metadata": lws_meta,
+            "spec": {"replicas": 1, "startupPolicy": "LeaderCreated", "leaderWorkerTemplate": {
+                "size": stages, "restartPolicy": "RecreateGroupOnPodRestart",
+                "leaderTemplate": leader, "workerTemplate": worker}}}
 
 
 def quantity_gib(q: str | None) -> float:
@@ -161,6 +180,14 @@ def node_ready(obj: dict) -> bool:
         return False
     conds = (obj.get("status") or {}).get("conditions") or []
     return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conds)
+
+
+def lost_node(pod: dict, k8s_nodes: dict[str, dict]) -> str | None:
+    """Why the pod's node is down ("node X is gone"/"NotReady"), None while it is up or not yet chosen."""
+    node = (pod.get("spec") or {}).get("nodeName")
+    if node and (node not in k8s_nodes or not node_ready(k8s_nodes[node])):
+        return f"node {node} is {'gone' if node not in k8s_nodes else 'NotReady'}"
+    return None
 
 
 def pod_ready(obj: dict) -> bool:

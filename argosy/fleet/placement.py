@@ -76,7 +76,12 @@ class Need:
 class Placement:
     node: str
     gpus: tuple[int, ...]  # GPU indices on that node
-    need: Need
+    need: Need  # per stage when the replica spans nodes
+    stages: tuple[tuple[str, tuple[int, ...]], ...] = ()  # a replica across nodes: its other stages' (node, GPUs)
+
+    def parts(self) -> list[tuple[str, tuple[int, ...]]]:
+        """(node, GPU indices) of each stage, the first (the leader) at `node`."""
+        return [(self.node, self.gpus), *self.stages]
 
 
 class Unplaceable(Exception):
@@ -254,31 +259,46 @@ class Placer:
         self.hold(replica_id, model, p)
         return p
 
+    def place_stages(self, replica_id: str, model: str, need: Need, stages: int, provider: str | None = None,
+                     down: frozenset[str] | set[str] = frozenset()) -> Placement:
+        """Place a replica whose `stages` pipeline stages each take a node of their own (`need` is the whole
+        replica's: its GPUs are split evenly over the stages); raises Unplaceable with the reason."""
+        per_stage = Need(need.gpus // stages, need.gib, need.resources)
+        parts: list[Placement] = []
+        try:
+            for i in range(stages):
+                used = {p.node for p in parts}
+                parts.append(self.place(f"{replica_id}/{i}", model, per_stage, provider, set(down) | used))
+        except Unplaceable as e:
+            raise Unplaceable(f"{e} (stage {len(parts) + 1} of {stages}, each on a node of its own)") from None
+        finally:
+            for i in range(len(parts)):
+                self.release(f"{replica_id}/{i}")
+        p = Placement(parts[0].node, parts[0].gpus, per_stage, tuple((q.node, q.gpus) for q in parts[1:]))
+        self.hold(replica_id, model, p)
+        return p
+
     def hold(self, replica_id: str, model: str, p: Placement) -> None:
         """Count a placement made elsewhere (a replica found running, a scheduler's binding)."""
-        node, need, gpus = self.nodes[p.node], p.need, p.gpus
-        if need.gpus == 0:
-            node.used_gib += need.gib
-        for k, v in need.resources:
-            node.used_resources[k] = node.used_resources.get(k, 0.0) + v
-        for g in node.gpus:
-            if g.index in gpus:
-                g.used_gib += g.memory_gib if need.gib == float("inf") else need.gib
+        self._count(p, +1)
         self.held[replica_id] = (model, p)
 
     def release(self, replica_id: str) -> None:
         held = self.held.pop(replica_id, None)
-        if held is None:
-            return
-        p = held[1]
-        node = self.nodes[p.node]
-        if p.need.gpus == 0:
-            node.used_gib -= p.need.gib
-        for k, v in p.need.resources:
-            node.used_resources[k] = node.used_resources.get(k, 0.0) - v
-        for g in node.gpus:
-            if g.index in p.gpus:
-                g.used_gib -= g.memory_gib if p.need.gib == float("inf") else p.need.gib
+        if held is not None:
+            self._count(held[1], -1)
+
+    def _count(self, p: Placement, sign: int) -> None:
+        need = p.need
+        for name, gpus in p.parts():
+            node = self.nodes[name]
+            if need.gpus == 0:
+                node.used_gib += sign * need.gib
+            for k, v in need.resources:
+                node.used_resources[k] = node.used_resources.get(k, 0.0) + sign * v
+            for g in node.gpus:
+                if g.index in gpus:
+                    g.used_gib += sign * (g.memory_gib if need.gib == float("inf") else need.gib)
 
     def _why(self, model: str, need: Need, provider: str | None, down: frozenset[str] | set[str]) -> str:
         nodes = [n for n in self.nodes.values() if provider is None or n.provider == provider]

@@ -28,6 +28,7 @@ class ReplicaSpec:
     engine_args: list[str]  # `argosy engine` flags beyond model/name/host/port
     placement: Placement | None = None
     env: dict[str, str] = field(default_factory=dict)
+    stages: int = 1  # pipeline stages, each on a node of its own (kubernetes: a LeaderWorkerSet group)
 
 
 @dataclass

@@ -88,11 +88,15 @@ class ReplicaSet:
         if self.otlp_endpoint:  # the replica continues the gateway's traces
             args += ["--otlp-endpoint", self.otlp_endpoint]
         # The fleet's replica secret goes through the environment, never argv (`ps` shows argv to anyone).
-        r.spec = spec = ReplicaSpec(self.name, str(rc.checkpoint), args,
+        stages = rc.engine.pipeline_parallel_size if self.cfg.pipeline_across_nodes else 1
+        r.spec = spec = ReplicaSpec(self.name, str(rc.checkpoint), args, stages=stages,
                                     env={API_KEY_ENV: self.gateway.upstream_auth.fleet_secret()})
         try:
             down = self.provider.down_nodes()
-            spec.placement = self.placer.place(r.id, self.name, need, self.cfg.provider, down)
+            if stages > 1:
+                spec.placement = self.placer.place_stages(r.id, self.name, need, stages, self.cfg.provider, down)
+            else:
+                spec.placement = self.placer.place(r.id, self.name, need, self.cfg.provider, down)
         except Unplaceable as e:
             self.m.placement_failures.labels(self.name).inc()
             if self.unplaceable != str(e):

@@ -134,7 +134,10 @@ def run_config(args: argparse.Namespace) -> int:
             continue
         for i in range(max(m.autoscaling.min_replicas, 1)):
             try:
-                placer.place(f"{m.name}-{i}", m.name, need, m.provider)
+                if m.pipeline_across_nodes:  # each stage on a node of its own
+                    placer.place_stages(f"{m.name}-{i}", m.name, need, m.engine.pipeline_parallel_size, m.provider)
+                else:
+                    placer.place(f"{m.name}-{i}", m.name, need, m.provider)
             except Unplaceable as e:
                 problems.append(f"models.{m.name}: replica {i + 1} of min_replicas cannot be placed: {e}")
     if problems:

@@ -97,6 +97,7 @@ def document(models: list[str] | None = None, max_model_len: int = 1 << 20) -> d
         "texts": {"type": "array", "items": {"type": "string"}, "minItems": 1},
         "return_text": {"type": "boolean"}, "raw_scores": {"type": "boolean"}}}
     name = [{"name": "name", "in": "path", "required": True, "schema": {"type": "string"}}]
+    model = [{"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}]
     return {
         "openapi": "3.1.0",
         "info": {"title": "Argosy gateway", "version": "1", "description":
@@ -138,6 +139,18 @@ def document(models: list[str] | None = None, max_model_len: int = 1 << 20) -> d
             "/admin/keys/{name}/rotate": admin("a new secret for a key, same limits and usage (returned once)",
                                                "post", params=name),
             "/admin/fleet": admin("with argosy serve: nodes, replicas, autoscaler decisions", "get"),
+            "/admin/rollouts": admin("with argosy serve: every managed model's rollout status", "get"),
+            "/admin/rollouts/{model}": admin("with argosy serve: a model's split, rollout and history", "get",
+                                             params=model),
+            "/admin/rollouts/{model}/{action}": admin(
+                "with argosy serve: start, promote, pause, resume or abort a rollout (docs/rollouts.md)", "post",
+                {"type": "object", "properties": {"to": {"type": "string"}, "strategy": {
+                    "enum": ["canary", "blue-green", "rolling"]}, "full": {"type": "boolean"},
+                    "reason": {"type": "string"}}},
+                params=model + [{"name": "action", "in": "path", "required": True,
+                                 "schema": {"enum": ["start", "promote", "pause", "resume", "abort"]}}]),
+            "/admin/shadow": admin("with argosy serve: shadow agreement of every model", "get"),
+            "/admin/shadow/{model}": admin("with argosy serve: a model's shadow agreement", "get", params=model),
             "/openapi.json": public("this document"),
         },
     }

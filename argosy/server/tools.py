@@ -97,8 +97,8 @@ def parse_tools(fields: Fields, chat_template: str | None) -> ToolRequest | None
 def template_messages(messages: list[dict[str, Any]], tools: ToolRequest | None,
                       chat_template: str | None) -> list[dict[str, Any]]:
     """Tool-call turns as chat templates read them (arguments as objects, as transformers' templates expect).
-    A template that knows no tools gets them in a system message, and the calls and results as text, in the
-    Hermes format."""
+    A template that knows no tools gets them in a system message and the calls as text, in the Hermes format,
+    and each result as a user turn that says which function returned it."""
     out = []
     for message in messages:
         message = dict(message)
@@ -108,15 +108,20 @@ def template_messages(messages: list[dict[str, Any]], tools: ToolRequest | None,
         out.append(message)
     if chat_template is not None and "tool" in chat_template:
         return out
-    plain = []
+    plain, names = [], {}
     for message in out:
         if message.get("tool_calls"):
+            names.update((c.get("id"), c["function"]["name"]) for c in message["tool_calls"])
             text = "\n".join("<tool_call>\n" + json.dumps({"name": c["function"]["name"],
                                                             "arguments": c["function"]["arguments"]})
                              + "\n</tool_call>" for c in message.pop("tool_calls"))
             message["content"] = ((message.get("content") or "") + "\n" + text).strip()
         elif message["role"] == "tool":
-            message = {"role": "user", "content": f"<tool_response>\n{message['content']}\n</tool_response>"}
+            # A plain sentence, not Hermes' <tool_response> tags: a model never trained on those repeats them
+            # (SmolLM2-135M-Instruct echoed the tags and the result instead of answering).
+            name = names.get(message.get("tool_call_id"), "the function")
+            message = {"role": "user", "content": f"The function {name} returned: {message['content']}\n"
+                                                  "Answer my question with it."}
         plain.append(message)
     if tools is not None and tools.choice != "none":
         prompt = ("You may call one or more functions. Their signatures are within <tools></tools>:\n<tools>\n"
