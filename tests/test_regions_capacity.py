@@ -142,3 +142,15 @@ def test_status_shows_replicas_by_region_provider_and_kind_with_cost():
     for want in ("node spot-1 (local, spot)", "PREEMPTED", "us         lambda     spot", "total $9.03/h",
                  "preemption notice at 12:00:00 (admin): node spot-1, 30 s; draining r2"):
         assert want in text, text
+
+
+def test_a_replica_across_nodes_uses_a_unit_of_its_kind_on_each_node():
+    gpu = [{"model": "H100", "memory_gib": 80}]
+    doc = fleet(reserved={"gpu": "H100", "count": 2, "usd_per_hour": 1.85})
+    doc["regions"][0]["nodes"][:1] = [{"name": "res-a", "capacity": "reserved", "gpus": gpu * 2},
+                                      {"name": "res-b", "capacity": "reserved", "gpus": gpu}]
+    p = placer(doc)
+    staged = p.place_stages("pp", "m", Need(2, float("inf")), stages=2)
+    assert sorted(n for n, _ in staged.parts()) == ["res-a", "res-b"]
+    # Both reserved units are in use (one per stage): res-a's free GPU is not offered as reserved.
+    assert p.place("r1", "m", ONE_GPU).node in ("od-1", "od-2")

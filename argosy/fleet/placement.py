@@ -238,7 +238,8 @@ class Placer:
               down: frozenset[str] | set[str] = frozenset()) -> Placement:
         """Place one replica (nodes in `down` are skipped); raises Unplaceable with the reason."""
         book = self.capacity
-        used = book.used([(p.node, p.need.gpus) for _, p in self.held.values()]) if book else {}
+        # Units in use by kind: every stage of a replica across nodes counts on its own node.
+        used = book.used([(n, p.need.gpus) for _, p in self.held.values() for n, _ in p.parts()]) if book else {}
         best: tuple[tuple, Node, tuple[int, ...]] | None = None
         for node in self.nodes.values():
             if (provider is not None and node.provider != provider) or node.name in down \
