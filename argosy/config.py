@@ -23,6 +23,12 @@ from pydantic import (
     model_validator,
 )
 
+from argosy.config_regions import (  # regions and region_routing: a leaf module (docs/regions.md)
+    CapacityKind,
+    RegionRoutingConfig,
+    RegionSection,
+    check_regions,
+)
 from argosy.config_rollout import RolloutConfig  # models[].rollout: a leaf module (docs/rollouts.md)
 from argosy.engine.config import EngineConfig
 from argosy.engine.settings import settings_of
@@ -75,6 +81,7 @@ class GatewayConfig(_Strict):
     default_max_tokens: int = Field(256, ge=1)  # token estimate when a request has no max_tokens
     shared_sync_s: float = Field(0.1, gt=0)  # with redis: period of the in-flight count exchange
     prices: str | None = None  # price book for keys' spend and budgets (default: argosy/cost/prices.yaml)
+    region: str | None = None  # this gateway's region (a regions[].name; `--region` sets it)
     # On SIGTERM or Ctrl-C: streams in flight get this long to finish before connections are closed (the
     # default fits podman's 10 s stop timeout; Kubernetes gives 30 s unless the pod says otherwise).
     drain_timeout_s: float = Field(8.0, ge=0)
@@ -89,6 +96,7 @@ class KeyConfig(_Strict):
     priority: Literal["interactive", "batch"] = "interactive"
     budget_usd: float | None = Field(None, gt=0)  # spend at the price book's rates past which requests get 429
     expires_at: datetime.datetime | None = None  # after this (ISO 8601; UTC when no zone) requests get 401
+    residency: str | None = None  # a jurisdiction (regions[].jurisdiction) its requests never leave
 
     @field_validator("expires_at")
     @classmethod
@@ -107,6 +115,14 @@ class NodeConfig(_Strict):
     gpus: list[GPUSpec] = []
     memory_gib: float | None = Field(None, gt=0)  # host RAM for CPU replicas (None: detected, or unbounded)
     resources: dict[str, float] = {}  # custom resources the node offers (ray: as the cluster reports them)
+
+
+class RegionNode(NodeConfig):
+    capacity: CapacityKind = "on_demand"  # which of its region's capacity kinds the node is
+
+
+class RegionConfig(RegionSection):
+    nodes: list[RegionNode] = []  # where its controller places replicas (`argosy serve --region NAME`)
 
 
 def _engine_section() -> type[BaseModel]:
@@ -273,6 +289,7 @@ class ModelConfig(_Strict):
     upstreams: list[str] | None = None  # any OpenAI-compatible servers (not managed by Argosy)
     discover: str | None = None  # HOST:PORT resolved every health interval, one upstream per address (headless Service)
     debug: bool = False  # log this model's prompts and completions
+    regions: list[str] | None = None  # the regions it may run in (None: every region)
 
     @field_validator("checkpoint")
     @classmethod
@@ -394,9 +411,12 @@ class FleetConfig(_Strict):
     providers: dict[str, dict[str, Any]] = {"local": {}}
     nodes: list[NodeConfig] | None = None  # detected on a single machine when omitted
     models: list[ModelConfig] = []
+    regions: list[RegionConfig] = []  # docs/regions.md
+    region_routing: RegionRoutingConfig = RegionRoutingConfig()
 
     @model_validator(mode="after")
     def _unique(self) -> FleetConfig:
+        check_regions(self.regions, self.models, self.keys, self.gateway.region)
         seen: set[tuple[str, str]] = set()
         for m in self.models:
             if (m.name, m.revision) in seen:

@@ -4,7 +4,8 @@ Prompt tokens are counted as whitespace-separated words.
 
 For tests and for checking load testers against each other (its figures are the truth to compare
 with). `--pattern ok,500,429,drop` answers the i-th request with the i-th entry (cycling): an HTTP
-error, or a stream cut off after two tokens. GET /stats gives the peak of requests in flight.
+error, or a stream cut off after two tokens. GET /stats gives the peak of requests in flight, the requests
+answered per `user` field (its own counters: who served what) and the last traceparent headers it got.
 
     python -m argosy.bench.fixture_server --port 9000 --ttft 0.1 --token-delay 0.02
 """
@@ -16,6 +17,7 @@ import asyncio
 import json
 import time
 import uuid
+from collections import deque
 
 from aiohttp import web
 
@@ -26,6 +28,8 @@ class Fixture:
         self.default_max_tokens = args.default_max_tokens
         self.pattern = [p.strip() for p in args.pattern.split(",") if p.strip()] or ["ok"]
         self.requests = self.in_flight = self.max_in_flight = 0
+        self.by_user: dict[str, int] = {}
+        self.traceparents: deque[str] = deque(maxlen=100)
 
     def _next_action(self) -> str:
         action = self.pattern[self.requests % len(self.pattern)]
@@ -35,6 +39,10 @@ class Fixture:
     async def generate(self, request: web.Request) -> web.StreamResponse:
         chat = request.path.endswith("/chat/completions")
         body = await request.json()
+        user = str(body.get("user") or "")
+        self.by_user[user] = self.by_user.get(user, 0) + 1
+        if "traceparent" in request.headers:
+            self.traceparents.append(request.headers["traceparent"])
         action = self._next_action()
         if action.isdigit():
             return web.json_response({"error": {"message": "fixture error", "code": int(action)}},
@@ -92,10 +100,12 @@ class Fixture:
 
     async def stats(self, _: web.Request) -> web.Response:
         return web.json_response({"requests": self.requests, "in_flight": self.in_flight,
-                                  "max_in_flight": self.max_in_flight})
+                                  "max_in_flight": self.max_in_flight, "by_user": self.by_user,
+                                  "traceparents": list(self.traceparents)})
 
     async def reset(self, _: web.Request) -> web.Response:
         self.requests = self.max_in_flight = 0
+        self.by_user.clear()
         return web.json_response({"ok": True})
 
     async def models(self, _: web.Request) -> web.Response:

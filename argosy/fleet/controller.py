@@ -13,10 +13,12 @@ import atexit
 import logging
 
 from argosy.config import FleetConfig, FleetConfigError, ModelConfig, ResolvedRevision, load_fleet
+from argosy.fleet.capacity import CapacityBook, summary
 from argosy.fleet.local import LocalProvider
 from argosy.fleet.metrics import FleetMetrics
 from argosy.fleet.model_controller import ModelController
 from argosy.fleet.placement import Need, Node, Placer, detect_nodes, replica_need
+from argosy.fleet.preemption import PreemptionNotice, Preemptions
 from argosy.fleet.replica import DRAINING, READY, WARMING
 from argosy.fleet.rollout.manager import RolloutManager
 from argosy.fleet.rollout.metrics import RolloutMetrics
@@ -101,6 +103,8 @@ class Controller:
         self.rollout_metrics = RolloutMetrics(gateway.registry, lambda: self.rollouts.values())
         self.store = make_store(fleet.gateway.redis_url, fleet.state_file or default_state_path(source))
         self.placer: Placer | None = None
+        self.capacity = CapacityBook.of(fleet)  # this region's capacity kinds (docs/regions.md)
+        self.preemptions = Preemptions(self)
 
     async def start(self) -> None:
         models = managed(self.fleet)
@@ -108,7 +112,7 @@ class Controller:
             if m.provider not in self.providers:
                 self.providers[m.provider] = make_provider(m.provider, self.fleet.providers.get(m.provider, {}))
         nodes = await self._nodes()
-        self.placer = Placer(nodes)
+        self.placer = Placer(nodes, self.capacity)
         for n in nodes:
             gpus = ", ".join(f"{g.model} {g.memory_gib:.0f} GiB" for g in n.gpus) or "no GPUs"
             ram = "unbounded" if n.memory_gib == float("inf") else f"{n.memory_gib:.1f} GiB"
@@ -122,6 +126,7 @@ class Controller:
             self.rollouts[m.name] = mgr = RolloutManager(mc, routes, self.store, self.rollout_metrics, m.rollout)
             await mgr.restore()  # the stable revision and split it had; a rollout in progress resumes
             mc.start()
+        self.preemptions.start(self.providers)  # providers that hear of preemptions themselves
         atexit.register(self.kill_now)  # backstop if the loop never reaches stop()
 
     async def _nodes(self) -> list[Node]:
@@ -139,6 +144,7 @@ class Controller:
         return nodes or detect_nodes(None)
 
     async def stop(self) -> None:
+        await self.preemptions.stop()
         await asyncio.gather(*(mgr.stop() for mgr in self.rollouts.values()), return_exceptions=True)
         await asyncio.gather(*(mc.stop() for mc in self.models.values()), return_exceptions=True)
         await self.store.close()
@@ -214,7 +220,33 @@ class Controller:
             st = mc.status()
             st["rollout"] = self.rollouts[name].status()["rollout"] if name in self.rollouts else None
             models.append(st)
-        return {"nodes": nodes, "models": models}
+        out = {"nodes": nodes, "models": models}
+        if self.capacity is not None:  # replicas by region, provider and capacity kind, with their $/h
+            for n in nodes:
+                n["capacity_kind"] = self.capacity.kind(n["name"])
+                n["preempted"] = n["name"] in self.preemptions.notices
+            for m in out["models"]:
+                for r in m["replicas"]:
+                    r.update(self.capacity.describe(r))
+            out["capacity"] = summary([r for m in out["models"] for r in m["replicas"]])
+            out["capacity"]["preemptions"] = list(self.preemptions.notices.values())
+        return out
+
+    # ------------------------------------------------------------------ capacity kinds (docs/regions.md)
+
+    def preempt(self, node: str, deadline_s: float, source: str = "admin", restore: bool = False) -> dict:
+        """A preemption notice for a node (or its return): raises KeyError for an unknown node."""
+        return self.preemptions.apply(PreemptionNotice(node, deadline_s, source, restore))
+
+    def replica_price(self, model: str) -> float | None:
+        """The mean $/h of the model's ready replicas here (what a region's state tells the others)."""
+        mc = self.models.get(model)
+        if mc is None or self.capacity is None:
+            return None
+        prices = [self.capacity.usd_per_hour(r.node, len(r.spec.placement.gpus) if r.spec.placement else 0)
+                  for r in mc.ready_routed()]
+        prices = [p for p in prices if p is not None]
+        return sum(prices) / len(prices) if prices else None
 
     # ------------------------------------------------------------------ the gateway's FleetView
 

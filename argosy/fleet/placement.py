@@ -19,6 +19,7 @@ from pathlib import Path
 
 from argosy.config import EngineSection, NodeConfig
 from argosy.engine.config import CPU_DEFAULT_KV_GIB  # the engine's own KV budget on the CPU
+from argosy.fleet.capacity import CapacityBook
 
 GIB = 1024 ** 3
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -187,11 +188,17 @@ def available_ram_gib() -> float:
 
 
 class Placer:
-    """Tracks what is allocated on each node; `place` one replica, `release` it when it stops."""
+    """Tracks what is allocated on each node; `place` one replica, `release` it when it stops.
 
-    def __init__(self, nodes: list[Node]):
+    With a region's capacity book (fleet/capacity.py) nodes are tried by capacity kind first (reserved,
+    then on-demand, then spot, as `capacity_order` says) within each kind's units; cordoned nodes (a
+    preemption notice) take nothing new."""
+
+    def __init__(self, nodes: list[Node], capacity: CapacityBook | None = None):
         self.nodes = {n.name: n for n in nodes}
         self.held: dict[str, tuple[str, Placement]] = {}  # replica id -> (model, placement)
+        self.capacity = capacity
+        self.cordoned: set[str] = set()
         self.oom: dict[str, set[tuple[str, int]]] = {}  # model -> (node, GPU) where it ran out of memory
 
     def note_oom(self, model: str, p: Placement) -> None:
@@ -230,13 +237,22 @@ class Placer:
     def place(self, replica_id: str, model: str, need: Need, provider: str | None = None,
               down: frozenset[str] | set[str] = frozenset()) -> Placement:
         """Place one replica (nodes in `down` are skipped); raises Unplaceable with the reason."""
+        book = self.capacity
+        # Units in use by kind: every stage of a replica across nodes counts on its own node.
+        used = book.used([(n, p.need.gpus) for _, p in self.held.values() for n, _ in p.parts()]) if book else {}
         best: tuple[tuple, Node, tuple[int, ...]] | None = None
         for node in self.nodes.values():
-            if (provider is not None and node.provider != provider) or node.name in down:
+            if (provider is not None and node.provider != provider) or node.name in down \
+                    or node.name in self.cordoned:
+                continue
+            if book is not None and not book.usable(node.name, need.gpus, used):
                 continue
             found = self.fit(node, model, need)
-            if found is not None and (best is None or found[0] < best[0]):
-                best = (found[0], node, found[1])
+            if found is None:
+                continue
+            key = (book.rank(node.name) if book else 0, *found[0])  # the capacity kind first (the order)
+            if best is None or key < best[0]:
+                best = (key, node, found[1])
         if best is None:
             raise Unplaceable(self._why(model, need, provider, down))
         _, node, gpus = best
@@ -287,9 +303,16 @@ class Placer:
 
     def _why(self, model: str, need: Need, provider: str | None, down: frozenset[str] | set[str]) -> str:
         nodes = [n for n in self.nodes.values() if provider is None or n.provider == provider]
-        nodes = [n for n in nodes if n.name not in down]
+        nodes = [n for n in nodes if n.name not in down and n.name not in self.cordoned]
         if not nodes:
             return f"{model}: no live node for provider {provider!r}"
+        if self.capacity is not None:
+            used = self.capacity.used([(p.node, p.need.gpus) for _, p in self.held.values()])
+            open_ = [n for n in nodes if self.capacity.usable(n.name, need.gpus, used)]
+            if not open_:
+                return f"{model}: every capacity kind of region {self.capacity.region} is in use or left out of " \
+                       f"capacity_order ({', '.join(self.capacity.order)})"
+            nodes = open_
         if need.resources:
             want = ", ".join(f"{k}: {v:g}" for k, v in need.resources)
             offer = [n for n in nodes if all(n.resources.get(k, 0.0) >= v - 1e-9 for k, v in need.resources)]

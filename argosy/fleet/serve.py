@@ -28,19 +28,22 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port", type=int, help="override gateway.port (0: any free port, printed)")
     p.add_argument("--insecure", action="store_true", help="allow a non-loopback address with no API keys")
     p.add_argument("--log-level", default="info")
-    from argosy.gateway.cli import add_observe_arguments
+    from argosy.gateway.cli import add_observe_arguments, add_region_argument
 
+    add_region_argument(p)  # --region: this region's gateway, controller and nodes (docs/regions.md)
     add_observe_arguments(p)  # --otlp-endpoint (passed on to the replicas), --log-format, --log-requests
 
 
 def fleet_from_args(args: argparse.Namespace) -> FleetConfig:
+    from argosy.gateway.cli import in_region
+
     if args.config:
         fleet = load_fleet(args.config)
         if args.model:
             raise FleetConfigError("give --config or --model, not both")
         if not fleet.models:  # an empty file: the built-in model on one replica
             fleet = fleet.model_copy(update={"models": default_fleet(args).models})
-        return fleet
+        return in_region(fleet, getattr(args, "region", None))
     return default_fleet(args)
 
 
@@ -87,6 +90,8 @@ class ServeApp:
         self.gateway = Gateway(fleet)
         self.controller = Controller(fleet, self.gateway, source)  # source: the fleet file (rollouts reread it)
         self.gateway.attach_fleet(self.controller)  # GET /admin/fleet, the dashboard, /metrics/targets
+        if self.gateway.region_exchange is not None:  # what its replicas cost, in the state other regions read
+            self.gateway.region_exchange.prices = self.controller.replica_price
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "lifespan":
@@ -132,9 +137,17 @@ def run_serve(args: argparse.Namespace) -> int:
     if bound is None:
         return 2
     sock, url = bound
+    from argosy.gateway.regions.auth import SecretError
+
+    try:
+        app = ServeApp(fleet, args.config)
+    except SecretError as e:
+        sock.close()
+        print(f"argosy serve: {e}", file=sys.stderr)
+        return 2
     models = ", ".join(f"{m.name} ({m.autoscaling.min_replicas}..{m.autoscaling.max_replicas} replicas)"
                        for m in managed(fleet))
-    print(f"argosy serve: gateway listening on {url}; models: {models}", flush=True)
-    app = ServeApp(fleet, args.config)
+    where = f" (region {fleet.gateway.region})" if fleet.gateway.region else ""
+    print(f"argosy serve: gateway listening on {url}; models: {models}{where}", flush=True)
     app.gateway.local_admin_digest = local_admin.issue(url)  # `argosy keys` / `argosy status` on this machine
     return serve_on(app, fleet, sock)

@@ -49,7 +49,10 @@ def render(st: dict) -> str:
         ram = f"{n['used_gib']:.2f}{total} GiB RAM"
         res = ", ".join(f"{k} {r['used']:g}/{r['total']:g}" for k, r in (n.get("resources") or {}).items()
                         if not k.startswith("node:"))
-        out.append(f"node {n['name']} ({n['provider']}): {gpus}; {ram}" + (f"; resources {res}" if res else ""))
+        kind = f", {n['capacity_kind']}" if n.get("capacity_kind") else ""
+        gone = " PREEMPTED (cordoned)" if n.get("preempted") else ""
+        out.append(f"node {n['name']} ({n['provider']}{kind}): {gpus}; {ram}" + (f"; resources {res}" if res else "")
+                   + gone)
     for m in st["models"]:
         ready = sum(1 for r in m["replicas"] if r["state"] == "ready" and not r["pooled"])
         out.append(f"\nmodel {m['model']} ({m['provider']}): {ready} ready, desired {m['desired']}, "
@@ -63,17 +66,34 @@ def render(st: dict) -> str:
             ro = m.get("rollout")
             now = f"; rollout to {ro['to_revision']} ({ro['strategy']}): {ro['phase']}" if ro else ""
             out.append(f"  stable {m.get('stable')}; split {split}{now} (argosy rollout status {m['model']})")
+        kinds = "capacity" in st
         out.append(f"  {'replica':<8} {'revision':<9} {'state':<9} {'pool':<5} {'node':<10} {'in flight':>9} "
-                   f"{'age s':>7} {'cold start s':>12}  url")
+                   f"{'age s':>7} {'cold start s':>12}"
+                   + (f"  {'region':<10} {'provider':<10} {'kind':<9} {'$/h':>8}" if kinds else "") + "  url")
         for r in m["replicas"]:
             cs = "" if r["cold_start_s"] is None else f"{r['cold_start_s']:.1f}"
             pool = "yes" if r["pooled"] else "no"
+            where = ""
+            if kinds:
+                usd = "-" if r.get("usd_per_hour") is None else f"{r['usd_per_hour']:.2f}"
+                where = (f"  {r.get('region') or '-':<10} {r.get('provider') or '-':<10} "
+                         f"{r.get('capacity_kind') or '-':<9} {usd:>8}")
             out.append(f"  {r['id']:<8} {r.get('revision') or '-':<9} {r['state']:<9} {pool:<5} {r['node'] or '-':<10} "
-                       f"{r['in_flight']:>9} {r['age_s']:>7.1f} {cs:>12}  {r['url'] or '-'}")
+                       f"{r['in_flight']:>9} {r['age_s']:>7.1f} {cs:>12}{where}  {r['url'] or '-'}")
         for d in m["decisions"]:
             out.append(f"  decision at {d['at']}: {d['direction']} {d['actual']} -> {d['desired']} ({d['reason']})")
         for f in m["recent_failures"]:
             out.append(f"  failed {f['id']} at {f['url']}: {f['detail']}")
+    cap = st.get("capacity")
+    if cap:
+        out.append("\nreplicas by region, provider and capacity kind:")
+        for g in cap["groups"]:
+            out.append(f"  {g['region'] or '-':<10} {g['provider'] or '-':<10} {g['capacity_kind'] or '-':<9} "
+                       f"{g['replicas']:>3} replicas  ${g['usd_per_hour']:.2f}/h")
+        out.append(f"  total ${cap['usd_per_hour']:.2f}/h (${cap['usd_per_hour'] * 730:,.0f}/month at 730 h)")
+        for p in cap["preemptions"]:
+            out.append(f"  preemption notice at {p['at']} ({p['source']}): node {p['node']}, {p['deadline_s']:g} s; "
+                       f"draining {', '.join(d['replica'] for d in p['draining']) or 'nothing'}")
     return "\n".join(out)
 
 

@@ -6,7 +6,7 @@ GET /admin/upstreams                      every model's upstreams and their stat
 POST /admin/upstreams {model, url[, revision]}   add one (how an autoscaler registers replicas)
 DELETE /admin/upstreams {model, url}      remove one
 GET /admin/keys                           key names, models, limits, budget, expiry and usage (never hashes)
-POST /admin/keys {name[, models, rpm, tpm, priority, budget_usd, expires_at]}  create; the key is in this
+POST /admin/keys {name[, models, rpm, tpm, priority, budget_usd, expires_at, residency]}  create; the key is in this
                                           answer only
 POST /admin/keys/NAME/rotate              a new secret for the key (same limits, same usage); the old one stops
 DELETE /admin/keys/NAME                   revoke
@@ -171,7 +171,7 @@ async def revoke_key(gw: Gateway, scope: Scope, receive: Receive, send: Send) ->
 
 
 def _new_record(name: str, req: dict[str, Any]) -> KeyRecord:
-    fields = {k: req.get(k) for k in ("models", "rpm", "tpm", "budget_usd", "expires_at")}
+    fields = {k: req.get(k) for k in ("models", "rpm", "tpm", "budget_usd", "expires_at", "residency")}
     fields["priority"] = req.get("priority", "interactive")
     try:  # the fleet file's rules for a key
         checked = KeyConfig(name=name, hash="scrypt:x", **{k: v for k, v in fields.items() if v is not None})

@@ -44,6 +44,11 @@ from argosy.gateway.model_cards import ModelCards
 from argosy.gateway.prefix_index import PrefixIndex
 from argosy.gateway.proxy import Call, Proxy
 from argosy.gateway.ratelimit import MemoryLimiter, RedisLimiter
+from argosy.gateway.regions import endpoints as region_endpoints
+from argosy.gateway.regions.exchange import RegionExchange
+from argosy.gateway.regions.forwarding import regional, serve_elsewhere
+from argosy.gateway.regions.metrics import RegionMetrics
+from argosy.gateway.regions.service import Regions
 from argosy.gateway.revision_stats import LIVE, RequestSample, output_tokens
 from argosy.gateway.router import RouteRequest
 from argosy.gateway.scraper import ReplicaScraper
@@ -95,6 +100,11 @@ class Gateway:
         self.tracing = make_tracing("argosy-gateway", gw.otlp_endpoint)  # None (no per-request work) unless set
         self.fleet_view: FleetView | None = None  # the controller, under `argosy serve`
         self.sampler = Sampler(self.registry)  # the dashboard's time series (sampled only while it is open)
+        # Regions (docs/regions.md): this gateway among the other regions' (gateway.region / --region).
+        self.regions = Regions(fleet) if fleet.regions and gw.region else None
+        self.region_exchange = RegionExchange(self.regions, lambda: self.models, lambda: self.session) \
+            if self.regions is not None else None
+        self.region_metrics = RegionMetrics(self.registry, self.regions)
 
     def _on_insert(self, hashes: list[bytes], url: str) -> None:
         if self.shared is not None:
@@ -146,6 +156,8 @@ class Gateway:
         self.discovery = Discovery(self, gw.health_interval_s)
         self.health.start(lambda: self.reg.by_url.values(), self.gauge_urls)
         self.discovery.start()
+        if self.region_exchange is not None:
+            self.region_exchange.start()
 
     def gauge_urls(self) -> set[str]:
         """Upstreams whose load gauges a router of theirs reads, as the routing sets stand now."""
@@ -155,6 +167,8 @@ class Gateway:
     async def shutdown(self) -> None:
         await self.discovery.stop()
         await self.health.stop()
+        if self.region_exchange is not None:
+            await self.region_exchange.stop()
         await self.shadower.stop()
         if self.key_sync is not None:
             await self.key_sync.stop()
@@ -195,19 +209,28 @@ class Gateway:
     async def handle(self, scope: Scope, receive: Receive, send: Send, path: str, rq: GatewayRequest) -> None:
         """A proxied request, step by step. A step that refuses it raises a GatewayError (an OpenAI error)."""
         t0 = time.monotonic()
-        key = await self.authenticate(scope)
+        inbound = self.regions.inbound(scope) if self.regions is not None else None  # another region's gateway
+        key = None if inbound is not None else await self.authenticate(scope)
         await self.check_budget(key)
         body = await read_body(scope, receive, self.fleet.gateway.max_body_bytes)  # 413 while reading
+        if inbound is not None:
+            self.regions.verify(inbound, path, body)  # signed with the regions' secret, or 401
         if path in TEI_PATHS:
             body = with_tei_model(body, path, self.kinds)  # TEI's bodies name no model: the one serving the route
         req = ProxiedRequest.parse(path, body, self.fleet.gateway.default_max_tokens)
         rt = self.model_for(req, key)
-        await self.input_guardrails(rt, req)
+        if inbound is None:  # a forwarded request passed them in the region it arrived at
+            await self.input_guardrails(rt, req)
         self.log_request(rt, req)
         await self.take_limits(key, rt, req)
+        if self.regions is not None and await serve_elsewhere(self, rt, req, key, scope, rq, t0, inbound, receive,
+                                                              send):
+            return
         async with self.admitted(rt, key, scope, rq, req):
             await self.wait_for_replica(rt, key)
             call = rq.call = self.route(rt, req, key, scope, rq, t0)
+            if self.regions is not None:  # x-argosy-region; another region if every replica here fails
+                regional(self, call, rt, req, key, scope, inbound)
             await self.forward(rt, call, key, req, receive, send)
         self.log_response(rt, call)
 
@@ -365,6 +388,9 @@ ROUTES: dict[tuple[str, str], Handler] = {
     ("GET", "/admin/keys"): admin.list_keys,
     ("POST", "/admin/keys"): admin.create_key,
     ("GET", "/admin/fleet"): admin.fleet_status,
+    ("POST", "/regions/exchange"): region_endpoints.exchange,
+    ("GET", "/admin/regions"): region_endpoints.status,
+    ("POST", "/admin/preempt"): region_endpoints.preempt,
     ("GET", "/admin/rollouts"): rollout_api.list_rollouts,
     ("GET", "/admin/shadow"): rollout_api.shadow_report,
 }

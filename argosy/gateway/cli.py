@@ -19,6 +19,7 @@ from argosy.gateway import local_admin
 from argosy.gateway.admin import is_loopback
 from argosy.gateway.keys import KeyStore
 from argosy.gateway.pepper import PepperError
+from argosy.gateway.regions.auth import SecretError
 from argosy.observe.logs import add_logging_arguments, setup_logging
 
 
@@ -29,7 +30,30 @@ def add_gateway_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--insecure", action="store_true",
                         help="allow a non-loopback address with no API keys configured (anyone can use it)")
     parser.add_argument("--log-level", default="info")
+    add_region_argument(parser)
     add_observe_arguments(parser)
+
+
+def add_region_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--region", help="this gateway's region, a regions[].name of the fleet file (docs/regions.md)")
+
+
+def in_region(fleet, region: str | None):
+    """The fleet as the gateway (and controller) of one region run it; a fleet without regions as it is."""
+    from argosy.config_regions import region_view
+
+    name = region or fleet.gateway.region
+    if not fleet.regions:
+        if region:
+            raise FleetConfigError(f"--region {region}: the fleet file has no regions")
+        return fleet
+    if name is None:
+        raise FleetConfigError("the fleet file has regions: start each region's gateway with --region NAME ("
+                               + ", ".join(r.name for r in fleet.regions) + ")")
+    try:
+        return region_view(fleet, name)
+    except ValueError as e:
+        raise FleetConfigError(str(e)) from None
 
 
 def add_observe_arguments(parser: argparse.ArgumentParser) -> None:
@@ -88,7 +112,7 @@ def run_gateway(args: argparse.Namespace) -> int:
     from argosy.gateway.app import Gateway
 
     try:
-        fleet = load_fleet(args.config) if args.config else parse_fleet({})
+        fleet = in_region(load_fleet(args.config) if args.config else parse_fleet({}), args.region)
     except FleetConfigError as e:
         print(f"argosy gateway: {e}", file=sys.stderr)
         return 2
@@ -96,8 +120,14 @@ def run_gateway(args: argparse.Namespace) -> int:
     if bound is None:
         return 2
     sock, url = bound
-    print(f"argosy gateway listening on {url}", flush=True)
-    gateway = Gateway(fleet)
+    try:
+        gateway = Gateway(fleet)
+    except SecretError as e:
+        sock.close()
+        print(f"argosy gateway: {e}", file=sys.stderr)
+        return 2
+    print(f"argosy gateway listening on {url}" + (f" (region {fleet.gateway.region})" if gateway.regions else ""),
+          flush=True)
     gateway.local_admin_digest = local_admin.issue(url)  # `argosy keys` on this machine (local_admin.py)
     return serve_on(gateway, fleet, sock)
 

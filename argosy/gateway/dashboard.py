@@ -96,7 +96,9 @@ def model_table(gw: Gateway) -> list[dict[str, Any]]:
             replicas = [{"id": r["id"], "revision": r.get("revision"), "state": r["state"], "pooled": r["pooled"],
                          "url": r["url"],
                          "node": r["node"], "in_flight": r["in_flight"], "age_s": r["age_s"],
-                         "cold_start_s": r["cold_start_s"]} for r in st["replicas"]]
+                         "cold_start_s": r["cold_start_s"], "region": r.get("region"), "provider": r.get("provider"),
+                         "capacity_kind": r.get("capacity_kind"), "usd_per_hour": r.get("usd_per_hour")}
+                        for r in st["replicas"]]
         else:
             replicas = [{"id": u.url, "state": "ready" if u.state == "closed" else f"breaker {u.state}",
                          "pooled": False, "url": u.url, "node": None, "in_flight": u.in_flight, "age_s": None,

@@ -16,6 +16,8 @@ class FleetView(Protocol):
     def targets(self) -> list[dict]:
         """Replicas that listen: {url, model, replica, state, pooled}."""
 
+    def preempt(self, node: str, deadline_s: float, source: str = "admin", restore: bool = False) -> dict:
+        """A preemption notice for a node, or its return (KeyError: no such node)."""
     def rollout_status(self, model: str | None = None) -> list[dict]:
         """Each managed model's stable revision, split and rollout (GET /admin/rollouts, the dashboard)."""
 

@@ -25,6 +25,8 @@ class Upstream:
     __slots__ = ("url", "in_flight", "tokens_in_flight", "remote_in_flight", "waiting", "kv_usage",
                  "state", "failures", "opened_at", "probing", "passive", "eject_after", "eject_for", "served", "failed")
 
+    reply_headers: tuple[tuple[bytes, bytes], ...] = ()  # headers the caller gets when it answers (regions)
+
     def __init__(self, url: str, eject_after: int = 3, eject_for: float = 5.0):
         self.url = url
         self.in_flight = 0  # this gateway's requests in flight here

@@ -46,16 +46,17 @@ class KeyRecord:
     expires_at: float | None = None  # Unix time after which the key gets 401
     source: str = "fleet"  # fleet (the fleet file) or admin (added at run time)
     created_at: float | None = None
+    residency: str | None = None  # the jurisdiction its requests stay in (multi-region fleets, docs/regions.md)
 
     @classmethod
     def from_config(cls, k: KeyConfig) -> KeyRecord:
         expires = k.expires_at.timestamp() if k.expires_at is not None else None
-        return cls(k.name, k.hash, k.models, k.rpm, k.tpm, k.priority, k.budget_usd, expires)
+        return cls(k.name, k.hash, k.models, k.rpm, k.tpm, k.priority, k.budget_usd, expires, residency=k.residency)
 
     def public(self) -> dict:
         return {"name": self.name, "models": self.models, "rpm": self.rpm, "tpm": self.tpm,
                 "priority": self.priority, "budget_usd": self.budget_usd, "expires_at": self.expires_at,
-                "source": self.source, "created_at": self.created_at}
+                "source": self.source, "created_at": self.created_at, "residency": self.residency}
 
     def expired(self, now: float | None = None) -> bool:
         return self.expires_at is not None and (now or time.time()) >= self.expires_at

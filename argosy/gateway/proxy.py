@@ -53,6 +53,10 @@ class Call:
     headers: dict[str, str] = field(default_factory=JSON_HEADERS.copy)  # to the upstream (x-request-id, ...)
     request_id: str = ""  # returned to the caller as X-Request-Id
     shadow_out: asyncio.Future | None = None  # a shadow request waits for this output to compare
+    reply_headers: list[tuple[bytes, bytes]] = field(default_factory=list)  # to the caller (x-argosy-region)
+    # Called once when the router has no upstream left before the first byte: may point the call at another
+    # region (its router, headers) and return True (docs/regions.md: failover on health, per request).
+    failover: Any = None
     fallback: tuple[str, Router] | None = None  # (the stable revision, its router): where a request goes
     # when its own revision has no upstream left before the first byte
     ttft: float | None = None  # streamed: seconds to the first chunk
@@ -90,6 +94,10 @@ class Proxy:
             if u is None and call.fallback is not None:  # the revision has nothing left: the stable's
                 (call.route, call.router), call.fallback = call.fallback, None
                 u = call.router.choose(call.rreq, tried)
+            if u is None and call.failover is not None:  # the region has nothing left: another region's
+                go, call.failover = call.failover, None
+                if go(call):
+                    u = call.router.choose(call.rreq, tried)
             if route is not None:
                 route.set_attribute("argosy.upstream", u.url if u is not None else "none")
                 route.end()
@@ -141,6 +149,7 @@ class Proxy:
         if span is not None:
             set_http_status(span, resp.status)
         rid = [(b"x-request-id", call.request_id.encode())] if call.request_id else []
+        rid += [*call.reply_headers, *u.reply_headers]  # a region upstream names itself (x-argosy-region)
         rid.append((b"x-argosy-revision", call.route.encode()))  # which revision answered (rollouts)
         try:
             if resp.status in RETRYABLE:

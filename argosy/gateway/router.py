@@ -14,7 +14,7 @@ from collections.abc import Collection
 from argosy.config import LengthClass, RoutingConfig
 from argosy.gateway.health import Upstream
 from argosy.gateway.prefix_index import PrefixIndex
-from argosy.gateway.routing.filters import default_filters
+from argosy.gateway.routing.filters import Filter, default_filters
 from argosy.gateway.routing.picker import WeightedPicker
 from argosy.gateway.routing.request import GAUGES, PROMPT, RouteRequest
 from argosy.gateway.routing.scorers import SCORERS, Scorer, ScorerContext
@@ -24,14 +24,14 @@ __all__ = ["RouteRequest", "Router"]
 
 class Router:
     def __init__(self, routing: RoutingConfig, length_classes: list[LengthClass] | None, index: PrefixIndex,
-                 on_prefix_insert=None):
+                 on_prefix_insert=None, filters: list[Filter] | None = None):
         self.cfg, self.index = routing, index
         ctx = ScorerContext(routing, index, on_prefix_insert)
         weights = {name: w for name, w in routing.scorer_weights().items() if w > 0}
         self.scorers = [SCORERS[name](ctx) for name in weights]
         # Only scorers that act on the outcome are told it (a call per request saved for the others).
         self.told = [s for s in self.scorers if type(s).picked is not Scorer.picked]
-        self.filters = default_filters(length_classes)
+        self.filters = default_filters(length_classes) if filters is None else filters  # regions: their own
         self.picker = WeightedPicker([(s, weights[s.name]) for s in self.scorers], routing.balance_abs,
                                      routing.balance_rel)
         self.needs: frozenset[str] = frozenset().union(*(s.needs for s in self.scorers))

@@ -150,7 +150,15 @@ def _inputs(args):
         model = models[0] if models else ModelConfig(name="default")
     if not 0 < args.attainment <= 1:
         raise ValueError("--attainment must be in (0, 1]")
-    return model, load_traffic(args.traffic), SLO(args.slo_ttft, args.slo_tpot, None, args.attainment)
+    args.fleet = fleet if fleet is not None and fleet.regions else None  # regions: the gateways' routing decides
+    spec = load_traffic(args.traffic)
+    if args.fleet is not None:
+        known = {r.name for r in args.fleet.regions}
+        unknown = [r.name for r in spec.regions if r.name not in known]
+        if unknown:
+            raise ValueError(f"{args.traffic}: regions {', '.join(unknown)} are not regions of {args.config} "
+                             f"({', '.join(sorted(known))})")
+    return model, spec, SLO(args.slo_ttft, args.slo_tpot, None, args.attainment)
 
 
 def _write(args, res: dict, text: str, kind: str, title: str) -> None:
@@ -229,7 +237,8 @@ def run_sim(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     if args.week:
         res = plan_week(model, profile, spec, slo, settings=settings, level_s=args.level_duration,
-                        warmup_s=args.level_duration / 3, level_step=args.level_step, progress=_log)
+                        warmup_s=args.level_duration / 3, level_step=args.level_step, progress=_log,
+                        fleet=args.fleet)
         res["cost"] = ({"usd": round(sum(h * prices[g] for g, h in res["gpu_hours"].items()), 2)}
                        if prices else None)
         text = (f"week: {res['hours']} hours from {len(res['levels'])} levels; attainment {res['attainment']:.3f}; "
@@ -252,7 +261,7 @@ def run_sim(args: argparse.Namespace) -> int:
     if warmup >= spec.duration_s:
         msg = f"--warmup ({warmup:g} s) must be shorter than the traffic ({spec.duration_s:g} s)"
         return _fail("sim", ValueError(msg))
-    sim = FleetSim(model, profile, spec, reqs, settings)
+    sim = FleetSim(model, profile, spec, reqs, settings, fleet=args.fleet)
     sim.run(progress)
     res = summarize(sim, slo, warmup_s=warmup, prices=prices)
     wall = time.perf_counter() - t0
@@ -271,6 +280,9 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-num-seqs", type=_csv(int), default=(256,), help="batch limits to try (128,256)")
     p.add_argument("--policies", type=_csv(str), default=("least_load",), help="routing policies to try")
     p.add_argument("--max-replicas", type=int, default=64, help="per region (64)")
+    p.add_argument("--spot-notice", type=seconds, default=30.0, metavar="DURATION",
+                   help="with regions that list capacity: the notice a preempted spot replica gets in the capacity "
+                        "mix's check (30s; AWS gives 2 minutes)")
     p.add_argument("--spare", choices=["none", "replica", "region"], default="none",
                    help="grow the chosen fleet until it survives the loss of a replica in any region, or of a "
                         "whole region (default none: the fewest that pass, and the answer says what they survive)")
@@ -306,9 +318,12 @@ def run_plan(args: argparse.Namespace) -> int:
         got = gpu_prices([gpu], args.price_tier, args.provider, args.prices)
         return got[gpu] if got else None
 
+    from argosy.sim.capacity_mix import peak_spec, plan_mix, render_mix
+
+    week, spec = spec, peak_spec(spec)  # a week's curve: the search sizes its peak
     reqs = make_requests(spec)
     _log(f"planning for {len(reqs)} requests over {spec.duration_s:g} s")
-    res = search(model, shape, spec, reqs, slo, space, settings, price, progress=_log)
+    res = search(model, shape, spec, reqs, slo, space, settings, price, progress=_log, fleet=args.fleet)
     trials = res.pop("trials")
 
     def run_checks(c: dict) -> dict:
@@ -326,5 +341,16 @@ def run_plan(args: argparse.Namespace) -> int:
     for key in ("passing", "frontier", "candidates"):
         res[key] = [brief(c) for c in res[key]]
     res["model"] = {"name": shape.name, "params": shape.params}
-    _write(args, res, render_plan(res), "plan", "argosy plan")
+    text = render_plan(res)
+    if chosen is not None and args.fleet is not None and any(r.capacity for r in args.fleet.regions):
+        def book(kind: str, provider: str | None) -> float | None:
+            got = gpu_prices([chosen["gpu"]], kind, provider, args.prices) or \
+                gpu_prices([chosen["gpu"]], kind, None, args.prices)
+            return got[chosen["gpu"]] if got else None
+
+        _log(f"capacity mix: {chosen['label']} over the week's hours, spot preemptions simulated at the peak")
+        res["capacity_mix"] = plan_mix(trials[chosen["label"]], chosen, args.fleet, week, book, args.spot_notice,
+                                       (res["answer"]["checks"] or {}).get("region_loss"), _log)
+        text += "\n" + render_mix(res["capacity_mix"])
+    _write(args, res, text, "plan", "argosy plan")
     return 0

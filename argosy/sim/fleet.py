@@ -2,7 +2,11 @@
 
 Each region runs the gateway's real Router (with its prefix index) over simulated replicas, and the
 fleet's real Autoscaler (unless the replica count is fixed). A region that fails loses its replicas;
-its traffic goes to the live regions with `failover_rtt_s` added. A request on a failed replica is
+its traffic goes to the live regions with `failover_rtt_s` added. With a fleet file that has `regions`
+(sim/regions.py), the gateways' own region routing decides instead: home below its saturation threshold,
+else spill or fail over to the best other region, with that pair's round trip added, and back through
+the hold-down and ramp. A replica failure with `notice_s` is a spot preemption: it drains, a
+replacement starts at once, and what has not finished by the deadline fails. A request on a failed replica is
 retried elsewhere if it has no token yet (the gateway retries before the first byte), else it fails.
 Time is simulated: the router's prefix index and the autoscaler read the simulation's clock. Replica
 gauges are refreshed each tick only when the real system would scrape them: the router's scorers read
@@ -15,7 +19,7 @@ import heapq
 import itertools
 from dataclasses import dataclass
 
-from argosy.config import ModelConfig
+from argosy.config import FleetConfig, ModelConfig
 from argosy.encoder.config import CPU_BATCH_TOKENS, CUDA_BATCH_TOKENS
 from argosy.engine.config import default_token_budget
 from argosy.fleet.autoscaler import Autoscaler, Observation
@@ -25,10 +29,11 @@ from argosy.gateway.prefix_index import PrefixIndex
 from argosy.gateway.router import Router, RouteRequest
 from argosy.sim.encoder_replica import EncoderSimReplica
 from argosy.sim.profile import StepProfile
+from argosy.sim.regions import SimRegions
 from argosy.sim.replica import SimReplica, SimRequest
 from argosy.sim.traffic import Requests, TrafficSpec
 
-STEP, READY, TICK, FAIL, RECOVER, SAMPLE = range(6)
+STEP, READY, TICK, FAIL, RECOVER, SAMPLE, DEADLINE = range(7)
 
 
 @dataclass(frozen=True)
@@ -66,7 +71,7 @@ class Region:
 
 class FleetSim:
     def __init__(self, model: ModelConfig, profile: StepProfile, spec: TrafficSpec, requests: Requests,
-                 settings: SimSettings = SimSettings()):
+                 settings: SimSettings = SimSettings(), fleet: FleetConfig | None = None):
         self.model, self.profile, self.spec, self.reqs, self.s = model, profile, spec, requests, settings
         self.now = 0.0
         self.events: list = []
@@ -78,6 +83,7 @@ class FleetSim:
         self.timeline: list[dict] = []
         self.decisions: list[dict] = []
         self.rr = 0
+        self.preemptions = 0  # spot replicas preempted with notice (drained and replaced)
         sp = spec.shared_prefix
         self.prefix_tokens = {g: [10_000_000 + g] * sp.tokens for g in range(sp.groups)} if sp else {}
         self.prefix_text = {g: (f"[shared prefix {g}] " * sp.tokens)[:4 * sp.tokens] for g in range(sp.groups)} \
@@ -90,6 +96,8 @@ class FleetSim:
         self.replica_class = SimReplica if self.generates else EncoderSimReplica
         self.ids = itertools.count()
         self.by_name: dict[str, SimReplica] = {}
+        self.region_routing = SimRegions(fleet, model, spec, lambda: self.now, spec.seed) \
+            if fleet is not None and fleet.regions else None
 
     def cpu_share(self, rep: SimReplica) -> float:
         busy = 1 + sum(1 for r in self.all_replicas if r.busy and r is not rep and r.stopped_s is None)
@@ -148,6 +156,8 @@ class FleetSim:
     # ------------------------------------------------------------------ requests
 
     def arrive(self, req: SimRequest) -> None:
+        if self.region_routing is not None:
+            return self.arrive_routed(req)
         region = self.regions[req.region]
         if region.down:
             live = [r for r in self.regions if not r.down]
@@ -159,6 +169,21 @@ class FleetSim:
             region = live[self.rr % len(live)]
             req.extra_latency_s = self.spec.failover_rtt_s
         self.route(req, region)
+
+    def arrive_routed(self, req: SimRequest) -> None:
+        """The gateways' region routing (sim/regions.py) picks the serving region."""
+        rr = self.region_routing
+        for r in self.regions:
+            routable = r.routable()
+            in_flight = sum(x.num_in_system for x in routable) + len(r.pending)
+            rr.update(r.idx, not r.down and bool(routable), in_flight, len(routable))
+        j = rr.choose(req.region)
+        if j is None:
+            req.failed = True
+            self.failed.append(req)
+            return
+        req.extra_latency_s = self.spec.rtt(self.regions[req.region].name, self.regions[j].name)
+        self.route(req, self.regions[j])
 
     def route_tokens(self, req: SimRequest) -> int:
         return req.prompt_tokens + len(self.prefix_tokens.get(req.prefix_group, ()))
@@ -263,9 +288,25 @@ class FleetSim:
                 self.arrive(req)
         else:
             reps = sorted(region.routable(), key=lambda r: r.started_s)
+            if f.replica < len(reps) and f.notice_s is not None:
+                self.preempt(reps[f.replica], f.notice_s)
+                return  # replaced at once: nothing to recover
             if f.replica < len(reps):
                 self.lose(reps[f.replica])
         self.push(self.now + f.duration_s, RECOVER, f)
+
+    def preempt(self, rep: SimReplica, notice_s: float) -> None:
+        """A spot preemption with notice: it drains and its replacement starts now (a cold start)."""
+        region = self.regions[rep.region]
+        rep.draining = True
+        region.upstreams.pop(rep.name, None)
+        region.router.set_upstreams(list(region.upstreams.values()))
+        self.preemptions += 1
+        if not rep.requests:
+            self.stop_replica(rep)
+        else:
+            self.push(self.now + notice_s, DEADLINE, rep)
+        self.start_replica(region, self.now)
 
     def on_recover(self, f) -> None:
         region = next(r for r in self.regions if r.name == f.region)
@@ -344,6 +385,9 @@ class FleetSim:
                 self.on_fail(obj)
             elif kind == RECOVER:
                 self.on_recover(obj)
+            elif kind == DEADLINE:
+                if obj.stopped_s is None and obj.requests:
+                    self.lose(obj)  # the notice ran out before its requests finished
         for region in self.regions:  # what never got a replica (e.g. every region down) failed
             for req in region.pending:
                 req.failed = True

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from argosy.config import ModelConfig
 from argosy.sim.fleet import FleetSim, SimSettings
@@ -40,6 +41,7 @@ class Trial:
     slo: SLO
     price: float | None  # $ per GPU-hour
     label: str
+    fleet: Any = None  # a FleetConfig with regions: the gateways' region routing decides who serves what
 
     def warmup_s(self) -> float:
         return min(10.0, self.spec.duration_s / 10)  # fixed fleets are up at t=0: only the caches warm
@@ -50,7 +52,7 @@ class Trial:
             spec = spec.model_copy(update={"failures": [Failure(region=down, at_s=self.warmup_s(),
                                                                 duration_s=spec.duration_s * 10)]})
         settings = SimSettings(replicas=max(counts.values()), replicas_by_region=tuple(sorted(counts.items())))
-        sim = FleetSim(self.model, self.profile, spec, self.reqs, settings)
+        sim = FleetSim(self.model, self.profile, spec, self.reqs, settings, fleet=self.fleet)
         sim.run()
         return sim, summarize(sim, self.slo, warmup_s=self.warmup_s())
 
@@ -112,7 +114,7 @@ def fewest_passing(trial: Trial, regions: list[str], max_replicas: int, run: Cal
 
 def search(model: ModelConfig, shape: ModelShape, spec: TrafficSpec, reqs: Requests, slo: SLO, space: PlanSpace,
            roofline: RooflineSettings, prices: Callable[[str], float | None],
-           progress: Callable[[str], None] = print) -> dict:
+           progress: Callable[[str], None] = print, fleet: Any = None) -> dict:
     from argosy.sim.plan_checks import with_spare
 
     tried: list[dict] = []
@@ -132,7 +134,8 @@ def search(model: ModelConfig, shape: ModelShape, spec: TrafficSpec, reqs: Reque
                     routing = model.routing.model_copy(update={"policy": policy, "scorers": None})  # the preset
                     m = model.model_copy(update={"engine": model.engine.model_copy(update={"max_num_seqs": seqs}),
                                                  "routing": routing})
-                    trial = Trial(m, profile, spec, reqs, slo, price, f"{gpu} TP {tp} max_num_seqs {seqs} {policy}")
+                    trial = Trial(m, profile, spec, reqs, slo, price, f"{gpu} TP {tp} max_num_seqs {seqs} {policy}",
+                                  fleet)
                     cache: dict[tuple, dict] = {}
 
                     def run(counts: dict, trial=trial, cache=cache) -> dict:

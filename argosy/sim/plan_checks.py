@@ -9,6 +9,7 @@ meets the SLO.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 
@@ -79,8 +80,7 @@ def headroom(trial, counts: dict[str, int], progress: Callable[[str], None]) -> 
     failed: set[str] = set()
     for m in HEADROOM_STEPS:
         spec = trial.spec.model_copy(update={"rate": trial.spec.rate * m})
-        scaled = type(trial)(trial.model, trial.profile, spec, make_requests(spec), trial.slo, trial.price,
-                             trial.label)
+        scaled = dataclasses.replace(trial, spec=spec, reqs=make_requests(spec))
         c = scaled.candidate(counts)
         progress(f"{trial.label}: at {m:g}x the peak rate -> attainment {c['attainment']:.3f}")
         for r, a in c["attainment_by_region"].items():

@@ -188,7 +188,22 @@ def summarize(sim: FleetSim, slo: SLO, warmup_s: float = 0.0, prices: dict[str, 
         "profile": sim.profile.name,
         "timeline": tl,
         "scaling_decisions": sim.decisions[-200:],
+        "served_by": served_by(sim, warmup_s),
+        "spot_preemptions": sim.preemptions,
     }
+
+
+def served_by(sim: FleetSim, warmup_s: float) -> dict[str, dict[str, int]]:
+    """Requests (arrived after the warm-up) by the region they arrived at, then the region that served them."""
+    out: dict[str, dict[str, int]] = {}
+    for r in sim.done:
+        rep = sim.by_name.get(r.replica)
+        if r.arrival_s < warmup_s or rep is None:
+            continue
+        row = out.setdefault(sim.regions[r.region].name, {})
+        where = sim.regions[rep.region].name
+        row[where] = row.get(where, 0) + 1
+    return out
 
 
 def render_text(res: dict) -> str:
@@ -217,6 +232,11 @@ def render_text(res: dict) -> str:
         lines.append(f"steady state ({st['from_s']:g}-{res['duration_s']:g} s, what `argosy cost --sim` prices): "
                      + ", ".join(f"{g} {h:.3f} h" for g, h in st["gpu_hours"].items())
                      + f", GPUs busy {st['gpu_busy_share'] * 100:.0f}%")
+    away = {a: row for a, row in (res.get("served_by") or {}).items() if set(row) - {a}}
+    for arrival, row in away.items():  # who served what, where some went to another region
+        lines.append(f"arrived in {arrival}: served " + ", ".join(f"{n} in {w}" for w, n in row.items()))
+    if res.get("spot_preemptions"):
+        lines.append(f"spot preemptions: {res['spot_preemptions']} (drained and replaced)")
     if res["cost"] is not None:
         lines.append(f"cost: ${res['cost']['usd']:.2f}")
     return "\n".join(lines)

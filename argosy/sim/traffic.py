@@ -65,6 +65,9 @@ class Failure(_Strict):
     at_s: float = Field(ge=0)
     duration_s: float = Field(gt=0)
     replica: int | None = Field(None, ge=0)  # None: the whole region; else that replica (index in the region)
+    # A spot preemption with this much notice (s): the replica drains (its requests finish, none new) and a
+    # replacement starts at once, instead of dying. With replica only.
+    notice_s: float | None = Field(None, ge=0)
 
 
 class TrafficSpec(_Strict):
@@ -81,6 +84,9 @@ class TrafficSpec(_Strict):
     trace: str | None = None
     regions: list[Region] = [Region(name="default")]
     failover_rtt_s: float = Field(0.08, ge=0)  # added to each request served from another region
+    # Round trips between regions (either order), for a fleet file with regions: what its gateways would
+    # measure; a pair left out takes failover_rtt_s.
+    rtt_s: dict[str, dict[str, float]] = {}
     failures: list[Failure] = []
     seed: int = 0
 
@@ -94,7 +100,21 @@ class TrafficSpec(_Strict):
         for f in self.failures:
             if f.region not in names:
                 raise ValueError(f"failure in unknown region {f.region!r} (regions: {', '.join(names)})")
+            if f.notice_s is not None and f.replica is None:
+                raise ValueError("failures: notice_s (a preemption) needs a replica")
+        for a, row in self.rtt_s.items():
+            for b, v in row.items():
+                if a not in names or b not in names or not v >= 0:
+                    raise ValueError(f"rtt_s.{a}.{b}: regions must be the traffic's and round trips >= 0")
         return self
+
+    def rtt(self, a: str, b: str) -> float:
+        """The round trip between two regions (0 within one)."""
+        if a == b:
+            return 0.0
+        got = self.rtt_s.get(a, {}).get(b)
+        got = self.rtt_s.get(b, {}).get(a) if got is None else got
+        return self.failover_rtt_s if got is None else got
 
     def rate_at(self, t: np.ndarray) -> np.ndarray:
         """Arrival rate (req/s) at run times t."""

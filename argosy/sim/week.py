@@ -96,7 +96,7 @@ def weigh(results: list[tuple[Level, dict]], spec: TrafficSpec, level_s: float, 
 
 
 def _run_chain(model: ModelConfig, profile: StepProfile, spec: TrafficSpec, slo: SLO, settings: SimSettings,
-               level_s: float, warmup_s: float, chain: list[tuple[int, Level]], total: int, report) -> None:
+               level_s: float, warmup_s: float, fleet, chain: list[tuple[int, Level]], total: int, report) -> None:
     """Simulates `chain`'s levels in order (their rates rise); report(("level", i, result, line)) for each."""
     for i, lv in chain:
         # A constant rate. A failed region goes down when the warm-up ends, so the level measures the
@@ -105,7 +105,7 @@ def _run_chain(model: ModelConfig, profile: StepProfile, spec: TrafficSpec, slo:
         sub = spec.model_copy(update={"duration_s": level_s, "rate": lv.rate, "diurnal": None, "weekly": None,
                                       "spikes": [], "start_s": 0.0, "failures": fails, "trace": None,
                                       "seed": spec.seed + i})
-        sim = FleetSim(model, profile, sub, make_requests(sub), settings)
+        sim = FleetSim(model, profile, sub, make_requests(sub), settings, fleet=fleet)
         sim.run()
         res = summarize(sim, slo, warmup_s=warmup_s)
         if settings.replicas is None and sim.timeline:  # rates rise: start the next where this one settled
@@ -133,7 +133,8 @@ def _chain_process(queue, parent: int, *args) -> None:
 
 def plan_week(model: ModelConfig, profile: StepProfile, spec: TrafficSpec, slo: SLO, *, settings: SimSettings,
               level_s: float = 60.0, warmup_s: float = 20.0, level_step: float = 0.05, workers: int | None = None,
-              progress: Callable[[str], None] = print) -> dict:
+              progress: Callable[[str], None] = print, fleet=None) -> dict:
+    """`fleet`: a fleet file with regions: the gateways' region routing decides who serves what (sim/regions.py)."""
     levels = hourly_levels(spec, level_step)
     # Sample the level's own timeline (the caller's resolution suits the whole week), and let the warm-up
     # bring the fleet to this level's steady state: the diurnal curve changes over hours, not seconds.
@@ -144,7 +145,7 @@ def plan_week(model: ModelConfig, profile: StepProfile, spec: TrafficSpec, slo: 
     # The levels are independent but for where each starts: the fleet the level below it settled at. So
     # each worker takes every `workers`-th level, in rising order, and starts each from its previous one.
     chains = [[(i, lv) for i, lv in enumerate(levels, 1)][k::workers] for k in range(workers)]
-    args = (model, profile, spec, slo, settings, level_s, warmup_s)
+    args = (model, profile, spec, slo, settings, level_s, warmup_s, fleet)
     done: dict[int, dict] = {}
     if workers == 1:
         def report(msg):

@@ -7,7 +7,8 @@ A region, residency or revision filter is one more class here, added to `default
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+import random
+from collections.abc import Callable, Collection, Sequence
 from typing import TYPE_CHECKING
 
 from argosy.gateway.routing.request import RouteRequest
@@ -15,6 +16,7 @@ from argosy.gateway.routing.request import RouteRequest
 if TYPE_CHECKING:
     from argosy.config import LengthClass
     from argosy.gateway.health import Upstream
+    from argosy.gateway.regions.upstream import RegionUpstream
 
 
 class Filter:
@@ -80,3 +82,50 @@ def default_filters(length_classes: list[LengthClass] | None) -> list[Filter]:
     if length_classes:
         filters.append(LengthClassFilter(length_classes))
     return filters
+
+
+# ---------------------------------------------------------------------------- regions (docs/regions.md)
+# Candidates are RegionUpstreams (gateway/regions/upstream.py): the home region and the other regions'
+# gateways, for one model.
+
+class RegionLiveFilter(Filter):
+    """Regions that may take the model now: allowed to run it, and in by outlier detection; a region that
+    ramps back after an outage is kept with a probability equal to its share (its share of the traffic
+    grows from 0 to 1 over the ramp)."""
+
+    def __init__(self, rng: Callable[[], float] = random.random):
+        self.rng = rng
+
+    def apply(self, req, cands: list[RegionUpstream], tried):
+        out = []
+        for u in cands:
+            share = u.health.share() if u.allowed else 0.0
+            if share >= 1.0 or (share > 0.0 and self.rng() < share):
+                out.append(u)
+        return out
+
+
+class ResidencyFilter(Filter):
+    """A request pinned to a jurisdiction goes only to regions of that jurisdiction."""
+
+    def apply(self, req, cands: list[RegionUpstream], tried):
+        return cands if req.residency is None else [u for u in cands if u.jurisdiction == req.residency]
+
+
+class HomeFirstFilter(Filter):
+    """The arrival region while it is below its saturation threshold; otherwise the other regions below
+    theirs; if every one is saturated, the arrival region still (it queues at home); with no arrival
+    region left, every candidate (the scorers pick the least loaded)."""
+
+    def apply(self, req, cands: list[RegionUpstream], tried):
+        home = next((u for u in cands if u.home), None)
+        if home is not None and not home.saturated():
+            return [home]
+        room = [u for u in cands if not u.home and not u.saturated()]
+        if room:
+            return room
+        return [home] if home is not None else cands
+
+
+def region_filters(rng: Callable[[], float] = random.random) -> list[Filter]:
+    return [RegionLiveFilter(rng), NotTriedFilter(), ResidencyFilter(), HomeFirstFilter()]

@@ -17,3 +17,4 @@ class RouteRequest:
     prompt_tokens: int  # estimate
     session_key: str | None = None
     hashes: list[bytes] | None = field(default=None, repr=False)  # prefix hashes, computed once per request
+    residency: str | None = None  # the jurisdiction it may be served in (routing between regions)

@@ -200,3 +200,45 @@ class SessionScorer(Scorer):
             if len(seen) == self.pool_size:
                 break
         return scores
+
+
+# ---------------------------------------------------------------------------- regions (docs/regions.md)
+# Candidates are RegionUpstreams (the home region and other regions' gateways, for one model). A ratio to
+# the best candidate, not a rank: regions 20 ms and 21 ms away score nearly the same.
+
+RTT_FLOOR_S = 0.005  # round trips below this count as equal
+PRICE_FLOOR = 0.01  # $/h
+
+
+def best_over(values: Sequence[float], floor: float) -> list[float]:
+    """(best + floor) / (value + floor): 1 for the lowest value, smaller for higher ones."""
+    lo = min(values)
+    return [(lo + floor) / (v + floor) for v in values]
+
+
+@register
+class RegionLatencyScorer(Scorer):
+    """The region with the lowest measured round trip from this gateway (0 for the arrival region)."""
+    name = "region_latency"
+
+    def score(self, req, cands):
+        return best_over([getattr(u, "rtt_s", 0.0) for u in cands], RTT_FLOOR_S)
+
+
+@register
+class RegionLoadScorer(Scorer):
+    """The region with the largest free share of its capacity (requests in flight over live replicas x
+    per-replica concurrency, from its last state plus what this gateway sent since)."""
+    name = "region_load"
+
+    def score(self, req, cands):
+        return [max(0.0, 1.0 - min(u.load_share(), 1.0)) if hasattr(u, "load_share") else 1.0 for u in cands]
+
+
+@register
+class RegionPriceScorer(Scorer):
+    """The region whose replicas of the model cost least per hour (their capacity kind's price)."""
+    name = "region_price"
+
+    def score(self, req, cands):
+        return best_over([getattr(u, "usd_per_hour", 0.0) for u in cands], PRICE_FLOOR)

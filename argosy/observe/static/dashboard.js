@@ -68,11 +68,14 @@ function renderModels(models) {
       cell(pct(r.kv_cache_usage), "num") + cell(pct(r.device_busy), "num") + cell(pct(r.device_memory), "num") +
       cell(r.throttled == null ? null : (r.throttled ? "<b>throttled</b>" : "no"), r.throttled ? "state-throttled" : "") +
       cell(r.age_s == null ? null : r.age_s.toFixed(0) + " s", "num") +
-      cell(r.cold_start_s == null ? null : r.cold_start_s.toFixed(1) + " s", "num") + "</tr>").join("");
+      cell(r.cold_start_s == null ? null : r.cold_start_s.toFixed(1) + " s", "num") +
+      // regions (docs/regions.md): where it runs, on what capacity kind, at what price
+      cell(r.region ? esc(r.region) + " (" + esc(r.provider) + ")" : null) + cell(r.capacity_kind ? esc(r.capacity_kind) : null) +
+      cell(r.usd_per_hour == null ? null : "$" + r.usd_per_hour.toFixed(2) + "/h", "num") + "</tr>").join("");
     return head + "<table class=\"replicas\"><thead><tr><th>replica</th><th>state</th><th>url</th><th>in flight (gateway)</th>" +
       "<th>running</th><th>waiting</th><th>KV cache</th><th>device busy</th><th>device memory</th><th>GPU throttled</th>" +
-      "<th>age</th><th>cold start</th></tr></thead><tbody>" +
-      (rows || '<tr><td colspan="12">no replicas</td></tr>') + "</tbody></table>";
+      "<th>age</th><th>cold start</th><th>region (provider)</th><th>capacity</th><th>cost</th></tr></thead><tbody>" +
+      (rows || '<tr><td colspan="15">no replicas</td></tr>') + "</tbody></table>";
   }).join("");
   document.getElementById("models").innerHTML = html;
 }
