@@ -98,7 +98,8 @@ def test_gateway_document_is_complete_and_truthful():
         # the fleet's and rollouts' admin paths are served under `argosy serve` only; `m` is a chat model,
         # so the encoder endpoints answer TEI's 424
         serve_only = ("GET /admin/fleet", "GET /admin/rollouts", "GET /admin/rollouts/{model}",
-                      "POST /admin/rollouts/{model}/{action}")
+                      "POST /admin/rollouts/{model}/{action}", "POST /admin/preempt",  # under `argosy serve`
+                      "GET /admin/regions", "POST /regions/exchange")  # with regions configured
         encoder = ("POST /v1/embeddings", "POST /embed", "POST /v1/rerank", "POST /rerank")
         expected = {**dict.fromkeys(serve_only, 404), **dict.fromkeys(encoder, 424)}
         bad = {k: v for k, v in seen.items() if v >= 400 and expected.get(k) != v}

@@ -150,6 +150,20 @@ def document(models: list[str] | None = None, max_model_len: int = 1 << 20) -> d
                 params=model + [{"name": "action", "in": "path", "required": True,
                                  "schema": {"enum": ["start", "promote", "pause", "resume", "abort"]}}]),
             "/admin/shadow": admin("with argosy serve: shadow agreement of every model", "get"),
+            "/admin/regions": admin("with regions: this gateway's region, the exchange's rounds and errors, and "
+                                    "every other region's state as seen from here (docs/regions.md)", "get"),
+            "/admin/preempt": admin("with argosy serve: a preemption notice for a node (its spot replicas drain "
+                                    "and are replaced)", "post", {
+                                        "type": "object", "required": ["node"], "properties": {
+                                            "node": {"type": "string", "minLength": 1},
+                                            "deadline_s": {"type": "number", "exclusiveMinimum": 0},
+                                            "restore": {"type": "boolean"}}}),
+            "/regions/exchange": {"post": {
+                "summary": "gateway to gateway, with regions: state exchange, signed with the regions' shared "
+                           "secret (docs/regions.md); 404 where regions are not configured",
+                "security": [], "requestBody": json_body({"type": "object"}),
+                "responses": {"200": ok("this region's state, signed"), "401": error("a missing or wrong signature"),
+                              "404": error("this gateway has no regions")}}},
             "/admin/shadow/{model}": admin("with argosy serve: a model's shadow agreement", "get", params=model),
             "/openapi.json": public("this document"),
         },
