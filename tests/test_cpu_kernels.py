@@ -4,6 +4,7 @@ Each is used by default, gives the outputs of the plain path, and falls back to 
 """
 
 import logging
+import os
 
 import pytest
 import torch
@@ -194,3 +195,34 @@ def test_write_kv_kernel_fills_the_slots_as_index_copy_does_and_refuses_a_slot_o
     assert torch.equal(got, expected)
     with pytest.raises(IndexError, match="outside the cache"):
         cpu_kernels.write_kv(got, k, v, torch.tensor([5, 0, 64, 17]))
+
+
+def test_onednn_kernels_stay_few_whatever_the_row_counts():
+    """oneDNN compiles and caches a kernel per shape: 384 row counts must not mean 384 kernels (a replica's
+    memory grew under varied traffic until row counts were rounded; the soak in RELIABILITY.md)."""
+    script = """
+import torch
+from torch import nn
+import torch.nn.functional as F
+from argosy.engine import cpu_linear
+from argosy.encoder import cpu_ops
+layer = nn.Linear(96, 40)
+assert cpu_linear.route_cpu_linears(layer)
+w, b, g = torch.randn(40, 96), torch.randn(40), torch.Generator().manual_seed(0)
+for rows in range(17, 401):
+    x = torch.randn(rows, 96, generator=g)
+    torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), rtol=1e-4, atol=1e-4)
+    res = torch.randn(rows, 40, generator=g)
+    torch.testing.assert_close(cpu_ops._linear_add(x, res, w, b), F.linear(x, w, b) + res, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(cpu_ops._linear_act(x, w, b, "gelu"), F.gelu(F.linear(x, w, b)), rtol=1e-4, atol=1e-4)
+"""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", script], env={**os.environ, "ONEDNN_VERBOSE": "2"},
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    created = [line for line in out.stdout.splitlines() if "create:cache_miss,cpu,inner_product" in line]
+    # rows 17..400: 16 rounded counts per power of two, fewer than 80 per kind of product (384 unrounded)
+    assert 0 < len(created) <= 3 * 80, len(created)
+    assert not [r for r in range(1, 2000) if not r <= cpu_linear.padded_rows(r) <= r + r // 16]

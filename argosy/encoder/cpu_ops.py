@@ -15,6 +15,8 @@ import logging
 import torch
 import torch.nn.functional as F
 
+from argosy.engine.cpu_linear import on_padded_rows
+
 logger = logging.getLogger(__name__)
 
 _ACT = {"gelu": ("gelu", "none"), "gelu_new": ("gelu", "tanh"), "gelu_pytorch_tanh": ("gelu", "tanh"),
@@ -23,17 +25,19 @@ _REFERENCE = {"gelu": F.gelu, "gelu_new": lambda x: F.gelu(x, approximate="tanh"
               "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"), "relu": F.relu}
 
 
+# Row counts are rounded as the LLM's linears round them (cpu_linear.padded_rows: bounded oneDNN kernels).
 def _linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    return torch.ops.mkldnn._linear_pointwise(x, w, b, "none", [], "")
+    return on_padded_rows(lambda rows: torch.ops.mkldnn._linear_pointwise(rows, w, b, "none", [], ""), x)
 
 
 def _linear_act(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, act: str) -> torch.Tensor:
     attr, algorithm = _ACT[act]
-    return torch.ops.mkldnn._linear_pointwise(x, w, b, attr, [], algorithm)
+    return on_padded_rows(lambda rows: torch.ops.mkldnn._linear_pointwise(rows, w, b, attr, [], algorithm), x)
 
 
 def _linear_add(x: torch.Tensor, residual: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    return torch.ops.mkldnn._linear_pointwise.binary(x, residual, w, b, "add")
+    return on_padded_rows(lambda rows, res: torch.ops.mkldnn._linear_pointwise.binary(rows, res, w, b, "add"),
+                          x, residual)
 
 
 @functools.cache

@@ -7,6 +7,10 @@ op is the one Inductor emits for CPU linears (torch.ops.mkldnn._linear_pointwise
 against F.linear once per dtype at start, and where it is missing or disagrees the layers keep
 F.linear. A single row (one sequence decoding) is bound by reading the weights; it goes to
 csrc/matvec.c where the CPU kernels could be built (cpu_kernels.py).
+
+oneDNN compiles and caches one kernel per distinct shape (up to 1,024 of them, ~130 KiB each here), so
+row counts are rounded up (padded_rows): unrounded, a replica under varied traffic kept meeting new row
+counts, and its memory grew for as long as it ran (the soak in RELIABILITY.md).
 """
 
 from __future__ import annotations
@@ -23,8 +27,26 @@ from argosy.engine import cpu_kernels
 logger = logging.getLogger(__name__)
 
 
+def padded_rows(rows: int) -> int:
+    """rows rounded up to one of 16 steps per power of two: exact up to 16, at most 1/16 more above."""
+    if rows <= 16:
+        return rows
+    step = 1 << (rows.bit_length() - 5)
+    return -(-rows // step) * step
+
+
+def on_padded_rows(op, *row_tensors: torch.Tensor) -> torch.Tensor:
+    """op(*row_tensors) computed on padded_rows of them (zero rows added, their outputs dropped)."""
+    rows = row_tensors[0].shape[0]
+    padded = padded_rows(rows)
+    if padded == rows:
+        return op(*row_tensors)
+    grown = (torch.cat((t, t.new_zeros(padded - rows, *t.shape[1:]))) for t in row_tensors)
+    return op(*grown)[:rows]
+
+
 def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+    return on_padded_rows(lambda rows: torch.ops.mkldnn._linear_pointwise(rows, weight, bias, "none", [], ""), x)
 
 
 @functools.cache

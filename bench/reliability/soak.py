@@ -2,7 +2,9 @@
 every process sampled every 10 s (RSS, open fds, threads; the gateway's asyncio tasks from its
 `argosy_gateway_asyncio_tasks` gauge; a replica's loop runs no long-lived tasks of its own, and its
 threads are sampled), every request counted (tests/load_counter.py).
-Target: no growth trend (the last 10 minutes within 5% of the first 10 after warm-up), 0 lost.
+Target: no growth trend (the last 10 minutes within 5% of the first 10 after warm-up), 0 lost. Open
+sockets are printed beside the client's requests in flight, which they follow; the verdict is on the
+other descriptors (files, pipes, event fds), where a leak would not be hidden by the traffic's swing.
 
   python bench/reliability/soak.py [--minutes 30] [--warmup-minutes 2]
 """
@@ -52,16 +54,30 @@ def tree(pid: int) -> list[int]:
     return out
 
 
+def open_fds(pid: int) -> tuple[int, int]:
+    """(sockets, other descriptors): sockets follow the connections in use, the rest should not move."""
+    sockets = other = 0
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        sockets += target.startswith("socket:")
+        other += not target.startswith("socket:")
+    return sockets, other
+
+
 def sample_process(pid: int) -> dict[str, float] | None:
     try:
         status = Path(f"/proc/{pid}/status").read_text()
-        fds = len(os.listdir(f"/proc/{pid}/fd"))
+        sockets, other = open_fds(pid)
         cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
     except OSError:
         return None
     f = dict(re.findall(r"^(VmRSS|Threads):\s+(\d+)", status, re.M))
     role = "replica" if " engine " in cmd else "serve" if " serve " in cmd else cmd[:40]
-    return {"rss_mib": int(f.get("VmRSS", 0)) / 1024, "fds": fds, "threads": int(f.get("Threads", 0)), "role": role}
+    return {"rss_mib": int(f.get("VmRSS", 0)) / 1024, "fds": sockets + other, "socket_fds": sockets,
+            "other_fds": other, "threads": int(f.get("Threads", 0)), "role": role}
 
 
 def asyncio_tasks(url: str, headers: dict | None = None) -> float | None:
@@ -88,7 +104,7 @@ async def capacity(url: str, seconds: float = 30.0, workers: int = 16) -> float:
 
 
 async def steady(url: str, rate: float, seconds: float, tally: Tally, on_tick) -> None:
-    """Open-loop arrivals at `rate`/s (half streamed) for `seconds`; on_tick() every 10 s."""
+    """Open-loop arrivals at `rate`/s (half streamed) for `seconds`; on_tick(t, requests in flight) every 10 s."""
     tasks, t0, i = set(), time.monotonic(), 0
     next_tick = t0
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s:
@@ -100,7 +116,7 @@ async def steady(url: str, rate: float, seconds: float, tally: Tally, on_tick) -
             tasks.add(t)
             t.add_done_callback(tasks.discard)
             if time.monotonic() >= next_tick:
-                await asyncio.to_thread(on_tick, time.monotonic() - t0)
+                await asyncio.to_thread(on_tick, time.monotonic() - t0, len(tasks))
                 next_tick += 10
             await asyncio.sleep(max(0.0, t0 + i / rate - time.monotonic()))
         await asyncio.gather(*tasks)
@@ -132,8 +148,9 @@ def main() -> int:
         print(f"capacity {cap:.1f} req/s; soak at {rate:.1f} req/s for {args.minutes:g} min", flush=True)
         tally = Tally("soak")
 
-        def tick(t: float) -> None:
+        def tick(t: float, in_flight: int) -> None:
             st = serve.fleet()
+            samples["client"].append({"t": t, "in_flight": in_flight})
             for pid in tree(serve.proc.pid):
                 s = sample_process(pid)
                 if s is not None:
@@ -141,8 +158,9 @@ def main() -> int:
             samples["gateway tasks"].append({"t": t, "tasks": asyncio_tasks(serve.url)})
             lost = tally.lost
             print(f"[{t / 60:5.1f} min] replicas {len(ready(st))}, requests {len(tally.outcomes)}, lost {lost}; "
-                  + ", ".join(f"{k.split()[0]} rss {v[-1]['rss_mib']:.0f} MiB fds {v[-1]['fds']}"
-                              for k, v in samples.items() if v and "rss_mib" in v[-1]), flush=True)
+                  + ", ".join(f"{k.split()[0]} rss {v[-1]['rss_mib']:.0f} MiB fds {v[-1]['socket_fds']} sockets"
+                              f" + {v[-1]['other_fds']}" for k, v in samples.items() if v and "rss_mib" in v[-1]),
+                  flush=True)
         asyncio.run(steady(serve.url, rate, args.minutes * 60, tally, tick))
     finally:
         serve.stop()
@@ -154,12 +172,13 @@ def main() -> int:
     print("| process | measure | first window | last window | change |\n|---|---|---|---|---|")
     grew = False
     for name, ss in samples.items():
-        for key in ("rss_mib", "fds", "threads", "tasks"):
+        for key in ("rss_mib", "fds", "socket_fds", "other_fds", "threads", "tasks", "in_flight"):
             if not any(key in s for s in ss):
                 continue
             a, b = trend(ss, key, warm, args.minutes)
             change = (b - a) / a * 100 if a else 0.0
-            grew |= change > 5
+            # Sockets and the client's requests in flight follow the load (the target is on the rest).
+            grew |= change > 5 and key not in ("fds", "socket_fds", "in_flight")
             print(f"| {name} | {key} | {a:.1f} | {b:.1f} | {change:+.1f}% |")
     return 1 if grew or tally.lost else 0
 
