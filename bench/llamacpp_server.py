@@ -81,7 +81,9 @@ async def level(base_url: str, model: str, streams: int, requests: int, max_toke
     """`streams` concurrent streams, `requests` requests in all; output tok/s, TTFT and ITL in ms."""
     from openai import AsyncOpenAI
 
-    client = AsyncOpenAI(base_url=base_url, api_key="none", max_retries=0, timeout=600)
+    # Two retries of a request that got no response at all: llama-server once dropped a fresh connection
+    # between levels (2026-12-04, F32 file), which ended the whole run. A stream cut mid-way still raises.
+    client = AsyncOpenAI(base_url=base_url, api_key="none", max_retries=2, timeout=600)
     ttft, itl, tokens = [], [], 0
     todo = list(range(requests))
 

@@ -90,16 +90,17 @@ def asyncio_tasks(url: str, headers: dict | None = None) -> float | None:
 
 
 async def capacity(url: str, seconds: float = 30.0, workers: int = 16) -> float:
-    """Answered requests per second with `workers` clients back to back (all replicas up)."""
+    """Answered requests per second with `workers` clients back to back (all replicas up), half of them
+    streamed as in the soak (a stream costs the gateway and the client more than one response)."""
     done, stop = 0, time.monotonic() + seconds
 
-    async def worker(s):
+    async def worker(s, i):
         nonlocal done
         while time.monotonic() < stop:
-            o = await one_request(s, url, BODY, {}, 60)
+            o = await one_request(s, url, {**BODY, "stream": i % 2 == 0}, {}, 60)
             done += o.kind == "answered"
     async with aiohttp.ClientSession() as s:
-        await asyncio.gather(*(worker(s) for _ in range(workers)))
+        await asyncio.gather(*(worker(s, i) for i in range(workers)))
     return done / seconds
 
 
