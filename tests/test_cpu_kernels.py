@@ -200,6 +200,8 @@ def test_write_kv_kernel_fills_the_slots_as_index_copy_does_and_refuses_a_slot_o
 def test_onednn_kernels_stay_few_whatever_the_row_counts():
     """oneDNN compiles and caches a kernel per shape: 384 row counts must not mean 384 kernels (a replica's
     memory grew under varied traffic until row counts were rounded; the soak in RELIABILITY.md)."""
+    if not cpu_linear.onednn_linear_works(torch.float32):
+        pytest.skip("this PyTorch build has no working oneDNN linear (the layers use F.linear)")
     script = """
 import torch
 from torch import nn

@@ -15,7 +15,7 @@ import logging
 import torch
 import torch.nn.functional as F
 
-from argosy.engine.cpu_linear import on_padded_rows
+from argosy.engine.cpu_linear import pad_rows
 
 logger = logging.getLogger(__name__)
 
@@ -27,17 +27,16 @@ _REFERENCE = {"gelu": F.gelu, "gelu_new": lambda x: F.gelu(x, approximate="tanh"
 
 # Row counts are rounded as the LLM's linears round them (cpu_linear.padded_rows: bounded oneDNN kernels).
 def _linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    return on_padded_rows(lambda rows: torch.ops.mkldnn._linear_pointwise(rows, w, b, "none", [], ""), x)
+    return torch.ops.mkldnn._linear_pointwise(pad_rows(x), w, b, "none", [], "")[: x.shape[0]]
 
 
 def _linear_act(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, act: str) -> torch.Tensor:
     attr, algorithm = _ACT[act]
-    return on_padded_rows(lambda rows: torch.ops.mkldnn._linear_pointwise(rows, w, b, attr, [], algorithm), x)
+    return torch.ops.mkldnn._linear_pointwise(pad_rows(x), w, b, attr, [], algorithm)[: x.shape[0]]
 
 
 def _linear_add(x: torch.Tensor, residual: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    return on_padded_rows(lambda rows, res: torch.ops.mkldnn._linear_pointwise.binary(rows, res, w, b, "add"),
-                          x, residual)
+    return torch.ops.mkldnn._linear_pointwise.binary(pad_rows(x), pad_rows(residual), w, b, "add")[: x.shape[0]]
 
 
 @functools.cache

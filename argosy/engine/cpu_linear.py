@@ -35,18 +35,14 @@ def padded_rows(rows: int) -> int:
     return -(-rows // step) * step
 
 
-def on_padded_rows(op, *row_tensors: torch.Tensor) -> torch.Tensor:
-    """op(*row_tensors) computed on padded_rows of them (zero rows added, their outputs dropped)."""
-    rows = row_tensors[0].shape[0]
-    padded = padded_rows(rows)
-    if padded == rows:
-        return op(*row_tensors)
-    grown = (torch.cat((t, t.new_zeros(padded - rows, *t.shape[1:]))) for t in row_tensors)
-    return op(*grown)[:rows]
+def pad_rows(t: torch.Tensor) -> torch.Tensor:
+    """t with zero rows appended up to padded_rows (t itself where it is already there)."""
+    missing = padded_rows(t.shape[0]) - t.shape[0]
+    return F.pad(t, (0, 0, 0, missing)) if missing else t
 
 
 def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    return on_padded_rows(lambda rows: torch.ops.mkldnn._linear_pointwise(rows, weight, bias, "none", [], ""), x)
+    return torch.ops.mkldnn._linear_pointwise(pad_rows(x), weight, bias, "none", [], "")[: x.shape[0]]
 
 
 @functools.cache

@@ -76,8 +76,8 @@ def sample_process(pid: int) -> dict[str, float] | None:
         return None
     f = dict(re.findall(r"^(VmRSS|Threads):\s+(\d+)", status, re.M))
     role = "replica" if " engine " in cmd else "serve" if " serve " in cmd else cmd[:40]
-    return {"rss_mib": int(f.get("VmRSS", 0)) / 1024, "fds": sockets + other, "socket_fds": sockets,
-            "other_fds": other, "threads": int(f.get("Threads", 0)), "role": role}
+    return {"rss_mib": int(f.get("VmRSS", 0)) / 1024, "socket_fds": sockets, "other_fds": other,
+            "threads": int(f.get("Threads", 0)), "role": role}
 
 
 def asyncio_tasks(url: str, headers: dict | None = None) -> float | None:
@@ -173,13 +173,13 @@ def main() -> int:
     print("| process | measure | first window | last window | change |\n|---|---|---|---|---|")
     grew = False
     for name, ss in samples.items():
-        for key in ("rss_mib", "fds", "socket_fds", "other_fds", "threads", "tasks", "in_flight"):
+        for key in ("rss_mib", "socket_fds", "other_fds", "threads", "tasks", "in_flight"):
             if not any(key in s for s in ss):
                 continue
             a, b = trend(ss, key, warm, args.minutes)
             change = (b - a) / a * 100 if a else 0.0
             # Sockets and the client's requests in flight follow the load (the target is on the rest).
-            grew |= change > 5 and key not in ("fds", "socket_fds", "in_flight")
+            grew |= change > 5 and key not in ("socket_fds", "in_flight")
             print(f"| {name} | {key} | {a:.1f} | {b:.1f} | {change:+.1f}% |")
     return 1 if grew or tally.lost else 0
 
