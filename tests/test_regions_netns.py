@@ -388,7 +388,12 @@ def test_f_the_simulator_and_the_gateways_agree_on_who_serves_what_when_a_region
     failed_real = shares(real, "eu-north", *window)
     failed_sim = shares(sim, "eu-north", *window)
     assert failed_real["eu-north"] == failed_sim["eu-north"] == 0.0  # its region could not serve it
-    assert (failed_real["eu-west"] > failed_real["us-east"]) == (failed_sim["eu-west"] > failed_sim["us-east"])
+    # Which neighbour takes more of eu-north's traffic: compared where the real run has a clear answer (a
+    # real 50/50 split, seen once in a full-suite run, is a tie that no ranking can match).
+    n_failed = count(real, "eu-north", *window)
+    real_gap = failed_real["eu-west"] - failed_real["us-east"]
+    if abs(real_gap) > tolerance(failed_real["eu-west"], failed_real["us-east"], n_failed, n_failed):
+        assert (real_gap > 0) == (failed_sim["eu-west"] > failed_sim["us-east"]), (failed_real, failed_sim)
 
 
 def test_g_a_forwarded_request_costs_the_round_trip_and_the_gateway_hop(regions):
