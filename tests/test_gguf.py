@@ -8,6 +8,7 @@ import sys
 
 import numpy as np
 import pytest
+import torch
 
 gguf = pytest.importorskip("gguf")
 
@@ -224,9 +225,30 @@ def test_quantized_kernels_give_the_dequantized_float_model_tokens(tmp_path, lla
         both = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, GREEDY, use_tqdm=False)]
         return both + [llm.generate(p, GREEDY, use_tqdm=False)[0].outputs[0].token_ids for p in PROMPTS]
 
-    with LLM(path, kv_cache_memory_gib=0.05) as llm:
+    with LLM(path, kv_cache_memory_gib=0.05, quant_batch_dtype="float32") as llm:  # the batch: float32 tiles
         kept = batch_and_single_streams(llm)
     monkeypatch.setattr(quant_kernels, "available", lambda: False)  # every tensor dequantized to float32 at load
     with LLM(path, kv_cache_memory_gib=0.05) as llm:
         assert not any(isinstance(m, QuantLinear) for m in llm.engine.runner.model.modules())
         assert kept == batch_and_single_streams(llm)
+
+
+def test_quant_batch_dtype_reaches_every_quantized_layer(tmp_path, llama_folder, monkeypatch):
+    path = str(hf_to_gguf(llama_folder, tmp_path / "q8.gguf", "Q8_0"))
+    expected = {"float32": False, "auto": quant_kernels.bf16_products_available()}
+    if quant_kernels.bf16_products_available():
+        expected["bfloat16"] = True
+    logits = {}
+    for choice, bf16 in expected.items():
+        with LLM(path, kv_cache_memory_gib=0.05, quant_batch_dtype=choice) as llm:
+            model = llm.engine.runner.model
+            layers = [m for m in model.modules() if isinstance(m, QuantLinear)]
+            assert layers and all(m.bf16_batches is bf16 for m in layers)
+            with torch.no_grad():  # a batch of 5 rows through the output layer
+                logits[choice] = model.lm_head(torch.randn(5, layers[-1].in_features, generator=torch.Generator().manual_seed(0)))
+    if "bfloat16" in expected:  # the rounding shows, and stays small
+        diff = ((logits["bfloat16"] - logits["float32"]).norm() / logits["float32"].norm()).item()
+        assert 0 < diff < 1e-2
+    monkeypatch.setattr(quant_kernels, "bf16_products_available", lambda: False)  # a CPU without AVX512-BF16
+    with pytest.raises(ValueError, match="AVX512-BF16"):
+        LLM(path, kv_cache_memory_gib=0.05, quant_batch_dtype="bfloat16")

@@ -76,6 +76,33 @@ def test_matmul_fallback_paths_against_float64(flags):
     lib = quant_kernels.build_library(flags)
     for qtype in TYPES:
         _check_products(lib, qtype, 5)
+    # No AVX512-BF16 in these builds: asked for bfloat16, a batch gets the float32 products.
+    raw = random_blocks(8, 8, 512)
+    w, x = QuantTensor(8, torch.from_numpy(raw.copy()), 512), torch.randn(6, 512)
+    assert torch.equal(quant_kernels.matmul(w, x, lib=lib, bf16=True), quant_kernels.matmul(w, x, lib=lib))
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=[KERNEL_TYPES[t][0] for t in TYPES])
+@pytest.mark.parametrize("rows", [3, 17])
+def test_bf16_products_are_the_rounded_operands_products(qtype, rows):
+    """quant_batch_dtype bfloat16: each dequantized weight and each activation rounded to bfloat16 (to nearest
+    even), products summed in float32. 42 weight rows and 17 activation rows leave partial 4 x 4 tiles."""
+    if not quant_kernels.bf16_products_available():
+        pytest.skip("this CPU has no AVX512-BF16: quant_batch_dtype auto keeps float32 here")
+    raw = random_blocks(qtype, 42, 512, seed=rows)
+    w = QuantTensor(qtype, torch.from_numpy(raw.copy()), 512)
+    dense = torch.from_numpy(gguf.quants.dequantize(raw, gguf.GGMLQuantizationType(qtype)))
+    x = torch.randn(rows, 512, generator=torch.Generator().manual_seed(rows))
+    rounded = x.bfloat16().double() @ dense.bfloat16().double().T
+    out = torch.full((rows, 50), 7.0)
+    quant_kernels.matmul(w, x, out=out[:, 3:45], bf16=True)
+    got = out[:, 3:45].double()
+    assert ((got - rounded).norm() / rounded.norm()).item() < 1e-5  # float32 sums of the rounded operands
+    exact = x.double() @ dense.double().T
+    assert 1e-5 < ((got - exact).norm() / exact.norm()).item() < 1e-2  # bfloat16 rounding, not float32 products
+    assert torch.equal(out[:, :3], torch.full((rows, 3), 7.0)) and torch.equal(out[:, 45:], torch.full((rows, 5), 7.0))
+    one_row = quant_kernels.matmul(w, x[:1].contiguous(), bf16=True).double()  # one row: float32 always
+    assert ((one_row - exact[:1]).norm() / exact[:1].norm()).item() < 1e-5
 
 
 def test_bad_shapes_are_refused():

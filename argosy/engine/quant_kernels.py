@@ -73,6 +73,8 @@ def _load(lib_path: Path) -> ctypes.CDLL:
     lib.dequantize_rows_f32.restype = I64
     lib.quant_decode_layers.argtypes = [I64, PTR, PTR, *[I64] * 5, ctypes.c_float, PTR, PTR, PTR, *[I64] * 4,
                                         ctypes.c_float, I64, I64]
+    lib.quant_matmul_bf16.argtypes = [I64, PTR, I64, I64, PTR, I64, PTR, I64, I64]
+    lib.quant_matmul_bf16.restype = I64
     lib.quant_matmul_int8.argtypes = [I64, PTR, I64, I64, PTR, I64, PTR, I64, I64]
     lib.quant_matmul_int8.restype = I64
     lib.quantize_rows_q8.argtypes = [I64, PTR, I64, I64, PTR]
@@ -113,11 +115,22 @@ def int8_activations() -> bool:
     return os.environ.get("ARGOSY_INT8_ACTIVATIONS", "0") == "1"
 
 
+@functools.cache
+def bf16_products_available() -> bool:
+    """Whether the library was built with AVX512-BF16 (csrc/quant_matmul.c, quant_matmul_bf16)."""
+    lib = _library()
+    if lib is None:
+        return False
+    w, x, y = torch.zeros(1, 34, dtype=torch.uint8), torch.zeros(3, 32), torch.empty(3, 1)
+    return lib.quant_matmul_bf16(8, w.data_ptr(), 1, 32, x.data_ptr(), 3, y.data_ptr(), 1, 1) != -1
+
+
 def matmul(w: QuantTensor, x: torch.Tensor, out: torch.Tensor | None = None, lib: ctypes.CDLL | None = None,
-           int8: bool | None = None) -> torch.Tensor:
+           int8: bool | None = None, bf16: bool = False) -> torch.Tensor:
     """x [rows, cols] float32 -> x @ w.T, [rows, w.rows]; into `out` (a [rows, >= w.rows] view whose rows
     may be strided, e.g. a column slice of a wider output) where given. int8 (default: int8_activations())
-    quantizes x to int8 blocks first where w's type has such a product."""
+    quantizes x to int8 blocks first where w's type has such a product; else bf16 computes products of 3
+    or more rows with bfloat16 operands where the library has the instructions (float32 elsewhere)."""
     if x.dtype != torch.float32 or x.dim() != 2 or x.shape[1] != w.cols:
         raise ValueError(f"x must be float32 [rows, {w.cols}], got {x.dtype} {tuple(x.shape)}")
     x = x.contiguous()
@@ -127,10 +140,15 @@ def matmul(w: QuantTensor, x: torch.Tensor, out: torch.Tensor | None = None, lib
         raise ValueError("out must be float32 [rows, w.rows] with contiguous rows")
     if int8 is None:
         int8 = int8_activations()
-    kernel = (lib or _library()).quant_matmul_int8 if int8 and w.qtype in INT8_ACTIVATION_TYPES \
-        else (lib or _library()).quant_matmul_f32
-    rc = kernel(w.qtype, w.data.data_ptr(), w.rows, w.cols, x.data_ptr(),
-                                              x.shape[0], out.data_ptr(), out.stride(0), torch.get_num_threads())
+    lib = lib or _library()
+    args = (w.qtype, w.data.data_ptr(), w.rows, w.cols, x.data_ptr(), x.shape[0], out.data_ptr(), out.stride(0),
+            torch.get_num_threads())
+    if int8 and w.qtype in INT8_ACTIVATION_TYPES:
+        rc = lib.quant_matmul_int8(*args)
+    else:
+        rc = lib.quant_matmul_bf16(*args) if bf16 and x.shape[0] > 2 else -1
+        if rc == -1:  # float32 asked for, one or two rows, or a build without AVX512-BF16
+            rc = lib.quant_matmul_f32(*args)
     if rc:
         raise MemoryError("quantized matmul: out of memory") if rc == -2 else ValueError("quantized matmul: bad shape")
     return out

@@ -6,7 +6,8 @@
 - The weights go into memory advised to transparent huge pages before the checkpoint is copied in
   (cpu_memory.weights_in_huge_pages).
 - Once loaded: Linear layers on oneDNN, and single rows on the C matrix-vector kernel (cpu_linear.py),
-  or the opt-in compiled one (matvec.py); RMS norm and RoPE through the C kernels (float32).
+  or the opt-in compiled one (matvec.py); RMS norm and RoPE through the C kernels (float32). Weights in
+  GGML blocks (QuantLinear): batched products in bfloat16 where the CPU has AVX512-BF16 (quant_batch_dtype).
 - The KV cache: CPU_DEFAULT_KV_GIB, or a quarter of the available RAM if less.
 - Attention: the C decode kernel where it could be built (attention/cpu_kernel.py), else gather + SDPA
   with each decode group's copy bounded so that it stays in the cores' caches.
@@ -18,12 +19,13 @@ import os
 
 import torch
 
-from argosy.engine import cpu_kernels
+from argosy.engine import cpu_kernels, quant_kernels
 from argosy.engine.config import CPU_DEFAULT_KV_GIB, EngineConfig
 from argosy.engine.cpu_linear import route_cpu_linears
 from argosy.engine.cpu_memory import keep_freed_memory, weights_in_huge_pages
 from argosy.engine.models.llama import Attention, RMSNorm
 from argosy.engine.platforms.base import Platform
+from argosy.engine.quant_linear import QuantLinear
 
 GIB = 1 << 30
 CPU_DECODE_GROUP_BYTES = 4 << 20  # K and V of one decode group, one layer (measured best of 1-32 MiB)
@@ -56,9 +58,23 @@ class CpuPlatform(Platform):
             store_linears_transposed(model)
         if dtype == torch.float32:
             use_small_op_kernels(model)
+        set_quant_batch_dtype(model, config.quant_batch_dtype)
 
     def kv_cache_budget(self, config: EngineConfig, profile=()) -> float:
         return min(CPU_DEFAULT_KV_GIB * GIB, 0.25 * available_memory())
+
+
+def set_quant_batch_dtype(model: torch.nn.Module, choice: str) -> None:
+    """Each QuantLinear's batched products in bfloat16 or float32 (EngineConfig.quant_batch_dtype)."""
+    layers = [m for m in model.modules() if isinstance(m, QuantLinear)]
+    if not layers:
+        return
+    bf16 = choice == "bfloat16" or (choice == "auto" and quant_kernels.bf16_products_available())
+    if bf16 and not quant_kernels.bf16_products_available():
+        raise ValueError("quant_batch_dtype bfloat16 needs a CPU with AVX512-BF16, which this one lacks: "
+                         "use auto or float32")
+    for layer in layers:
+        layer.bf16_batches = bf16
 
 
 def store_linears_transposed(model: torch.nn.Module) -> None:
