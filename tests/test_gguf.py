@@ -218,8 +218,10 @@ def test_one_token_steps_in_one_c_call_give_the_layer_by_layer_tokens(tmp_path, 
     assert fused == layered
 
 
-def test_quantized_kernels_give_the_dequantized_float_model_tokens(tmp_path, llama_folder, monkeypatch):
-    path = str(hf_to_gguf(llama_folder, tmp_path / "q4.gguf", "Q4_1", tensor_types={"token_embd.weight": "Q8_0"}))
+@pytest.mark.parametrize("file_type", ["Q4_1", "F16", "BF16"])
+def test_quantized_kernels_give_the_dequantized_float_model_tokens(tmp_path, llama_folder, monkeypatch, file_type):
+    embed = "Q8_0" if file_type == "Q4_1" else file_type
+    path = str(hf_to_gguf(llama_folder, tmp_path / "q.gguf", file_type, tensor_types={"token_embd.weight": embed}))
 
     def batch_and_single_streams(llm) -> list[list[int]]:  # a batch: 4x4 tiles; one stream: the single-row path
         both = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, GREEDY, use_tqdm=False)]
@@ -227,6 +229,10 @@ def test_quantized_kernels_give_the_dequantized_float_model_tokens(tmp_path, lla
 
     with LLM(path, kv_cache_memory_gib=0.05, quant_batch_dtype="float32") as llm:  # the batch: float32 tiles
         kept = batch_and_single_streams(llm)
+        down = llm.engine.runner.model.layers[0].mlp.down_proj
+        assert isinstance(down, QuantLinear) and down.segments[0].name == embed.replace("Q8_0", "Q4_1")
+        if file_type != "Q4_1":  # 16-bit weights stay 2 bytes each
+            assert down.weight_bytes() == 2 * down.in_features * down.out_features
     monkeypatch.setattr(quant_kernels, "available", lambda: False)  # every tensor dequantized to float32 at load
     with LLM(path, kv_cache_memory_gib=0.05) as llm:
         assert not any(isinstance(m, QuantLinear) for m in llm.engine.runner.model.modules())

@@ -1,8 +1,8 @@
 """Matrix products with weights kept in GGML's quantized blocks, on the CPU (csrc/quant_matmul.c).
 
 Built and cached like cpu_kernels.py (same compiler, flags and cache), as its own library, so that the
-engine's other kernels do not depend on it. Types with a kernel: Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, whose
-blocks are dequantized inside the products with float32 activations (AVX-512 where the CPU has it,
+engine's other kernels do not depend on it. Types with a kernel: Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, F16 and
+BF16, whose blocks are dequantized inside the products with float32 activations (AVX-512 where the CPU has it,
 else plain C that the compiler vectorizes). Other GGML types (Q6_K, ...) are dequantized to float32 at
 load by the GGUF loader.
 
@@ -33,8 +33,9 @@ logger = logging.getLogger(__name__)
 CSRC = Path(__file__).parent / "csrc"
 SOURCES = [CSRC / "quant_matmul.c", CSRC / "quant_decode.c", CSRC / "quant_int8.c"]
 # GGML type number -> (name, weights per block, bytes per block)
+# F16 and BF16 rows count as blocks of 32 values without a scale: kept in 2 bytes a weight, widened in the kernels.
 KERNEL_TYPES = {8: ("Q8_0", 32, 34), 2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20), 12: ("Q4_K", 256, 144),
-                13: ("Q5_K", 256, 176)}
+                13: ("Q5_K", 256, 176), 1: ("F16", 32, 64), 30: ("BF16", 32, 64)}
 # Weight type -> its activations' int8 block type (GGML numbers: 8 = Q8_0, 9 = Q8_1), where it has one.
 INT8_ACTIVATION_TYPES = {8: 8, 2: 8, 3: 9}
 I64, PTR = ctypes.c_int64, ctypes.c_void_p

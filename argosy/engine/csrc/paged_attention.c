@@ -61,6 +61,64 @@ static inline float exp_nonpositive(float x)
     return p * scale;
 }
 
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#define FAST_DIM(dim) ((dim) == 64 || (dim) == 128)
+
+/* out[k] = the sum of the 16 lanes of p[k], k < 16, by a transposing tree (as csrc/quant_matmul.c). */
+static inline void reduce16(const __m512 p[16], float *out)
+{
+    __m512 b[8], c[4];
+    for (int i = 0; i < 8; i++)
+        b[i] = _mm512_add_ps(_mm512_unpacklo_ps(p[2 * i], p[2 * i + 1]), _mm512_unpackhi_ps(p[2 * i], p[2 * i + 1]));
+    for (int i = 0; i < 4; i++)
+        c[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(b[2 * i]), _mm512_castps_pd(b[2 * i + 1]))),
+                             _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(b[2 * i]), _mm512_castps_pd(b[2 * i + 1]))));
+    const __m512 e0 = _mm512_add_ps(_mm512_shuffle_f32x4(c[0], c[1], 0x88), _mm512_shuffle_f32x4(c[0], c[1], 0xDD));
+    const __m512 e1 = _mm512_add_ps(_mm512_shuffle_f32x4(c[2], c[3], 0x88), _mm512_shuffle_f32x4(c[2], c[3], 0xDD));
+    _mm512_storeu_ps(out, _mm512_add_ps(_mm512_shuffle_f32x4(e0, e1, 0x88), _mm512_shuffle_f32x4(e0, e1, 0xDD)));
+}
+
+/* s[t] = q . k_t * scale for t < count <= 16 (k_t = k + t * row): 16 dot products, then one tree for
+ * all their sums (a horizontal sum per product cost more than the product). */
+static inline void scores16(const float *q, const float *k, int64_t count, int64_t row, int dim, float scale, float *s)
+{
+    __m512 p[16];
+    for (int t = 0; t < 16; t++) {
+        if (t >= count) {
+            p[t] = _mm512_setzero_ps();
+            continue;
+        }
+        const float *kt = k + t * row;
+        __m512 a = _mm512_mul_ps(_mm512_loadu_ps(q), _mm512_loadu_ps(kt));
+        for (int c = 16; c < dim; c += 16)
+            a = _mm512_fmadd_ps(_mm512_loadu_ps(q + c), _mm512_loadu_ps(kt + c), a);
+        p[t] = a;
+    }
+    float sums[16]; /* s may have room for fewer than 16 (a block of 8) */
+    reduce16(p, sums);
+    for (int t = 0; t < count; t++)
+        s[t] = sums[t] * scale;
+}
+
+/* acc[0..dim) += sum_t p[t] v_t for t < count: tokens outer, so the dim / 16 accumulators are independent. */
+static inline void weighted_sum(const float *p, const float *v, int64_t count, int64_t row, int dim, float *acc)
+{
+    __m512 a[8];
+    for (int c = 0; c < dim / 16; c++)
+        a[c] = _mm512_loadu_ps(acc + 16 * c);
+    for (int64_t t = 0; t < count; t++) {
+        const __m512 pt = _mm512_set1_ps(p[t]);
+        for (int c = 0; c < dim / 16; c++)
+            a[c] = _mm512_fmadd_ps(pt, _mm512_loadu_ps(v + t * row + 16 * c), a[c]);
+    }
+    for (int c = 0; c < dim / 16; c++)
+        _mm512_storeu_ps(acc + 16 * c, a[c]);
+}
+#else
+#define FAST_DIM(dim) 0
+#endif
+
 /* One sequence, KV heads h0..h1-1; q and out point at the first of their query heads. */
 static void attend(const float *q, const float *k_cache, const float *v_cache, const int64_t *table,
                    int64_t len, float *out, int64_t h0, int64_t h1, int64_t group, int64_t dim,
@@ -92,6 +150,18 @@ static void attend(const float *q, const float *k_cache, const float *v_cache, c
         for (int64_t h = h0; h < h1; h++) {
             const int64_t offset = table[b] * block_size * row + h * dim;
             const int64_t r0 = (h - h0) * group, r1 = r0 + group;
+#if defined(__AVX512F__)
+            if (FAST_DIM(dim)) {
+                for (int64_t r = r0; r < r1; r++)
+                    for (int64_t t0 = 0; t0 < count; t0 += 16) /* dim a constant in each call: unrolled */
+                        if (dim == 64)
+                            scores16(q + r * dim, k_cache + offset + t0 * row, count - t0 < 16 ? count - t0 : 16, row,
+                                     64, scale, s + r * block_size + t0);
+                        else
+                            scores16(q + r * dim, k_cache + offset + t0 * row, count - t0 < 16 ? count - t0 : 16, row,
+                                     128, scale, s + r * block_size + t0);
+            } else
+#endif
             for (int64_t t = 0; t < count; t++)
                 for (int64_t r = r0; r < r1; r++)
                     s[r * block_size + t] = dot(q + r * dim, k_cache + offset + t * row, dim) * scale;
@@ -113,6 +183,15 @@ static void attend(const float *q, const float *k_cache, const float *v_cache, c
             for (int64_t r = r0; r < r1; r++) {
                 const float *p = s + r * block_size;
                 float *a = acc + r * dim;
+#if defined(__AVX512F__)
+                if (FAST_DIM(dim)) {
+                    if (dim == 64)
+                        weighted_sum(p, v, count, row, 64, a);
+                    else
+                        weighted_sum(p, v, count, row, 128, a);
+                    continue;
+                }
+#endif
                 if (dim % 16 == 0) {
                     for (int64_t d = 0; d < dim; d += 16) { /* one register accumulates over the block */
                         vec16 sum = V16(a + d);

@@ -1,4 +1,5 @@
-/* y = x W^T with W in GGML's block formats (Q8_0, Q4_0, Q4_1, Q4_K, Q5_K), float32 x and y, on the CPU.
+/* y = x W^T with W in GGML's block formats (Q8_0, Q4_0, Q4_1, Q4_K, Q5_K) or in float16 or bfloat16,
+ * float32 x and y, on the CPU.
  *
  * The weights stay in their blocks and are dequantized inside the products; the activations stay
  * float32 (llama.cpp quantizes them to int8 for integer dot products: faster, but the answers move; a
@@ -69,6 +70,7 @@ int64_t quant_block_bytes(int64_t type)
     case Q4_1: return 20;
     case Q4_K: return 144;
     case Q5_K: return 176;
+    case F16: case BF16: return 64; /* 32 values of 2 bytes */
     default: return 0;
     }
 }
@@ -107,6 +109,12 @@ static void block_sums(const float *x, int64_t in, float *xs)
 #define DIRECT_DOT 1
 static inline __m512 widen_u8(__m128i v) { return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(v)); }
 static inline __m512 widen_i8(__m128i v) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(v)); }
+/* 16 float16 or bfloat16 values to float32: exact either way. */
+static inline __m512 widen_half(int64_t type, const uint8_t *p)
+{
+    const __m256i v = _mm256_loadu_si256((const __m256i *)p);
+    return type == F16 ? _mm512_cvtph_ps(v) : _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(v), 16));
+}
 
 /* sum_i q_i x_i over one block of 32 (lo: values 0..15, hi: 16..31), scaled, into acc. */
 static inline __m512 block_fma(__m512 lo, __m512 hi, const float *x, float scale, __m512 acc)
@@ -123,7 +131,13 @@ float quant_row_dot(int64_t type, const uint8_t *w, int64_t in, const float *x, 
     float offsets[2] = {0.0f, 0.0f};
     const int64_t bytes = quant_block_bytes(type);
     const __m128i low = _mm_set1_epi8(0x0F), one = _mm_set1_epi8(1);
-    if (type == Q4_K || type == Q5_K) {
+    if (type == F16 || type == BF16) {
+        for (int64_t b = 0; b < in / 32; b++) {
+            const __m512 t = _mm512_mul_ps(widen_half(type, w + 64 * b), _mm512_loadu_ps(x + 32 * b));
+            acc[b & 1] = _mm512_add_ps(acc[b & 1], _mm512_fmadd_ps(widen_half(type, w + 64 * b + 32),
+                                                                   _mm512_loadu_ps(x + 32 * b + 16), t));
+        }
+    } else if (type == Q4_K || type == Q5_K) {
         for (int64_t s = 0; s < in / 256; s++) {
             const uint8_t *blk = w + s * bytes, *scales = blk + 4, *qh = blk + 16;
             const uint8_t *qs = blk + (type == Q5_K ? 48 : 16);
@@ -270,8 +284,10 @@ int64_t quant_matmul_f32(int64_t type, const uint8_t *w, int64_t out, int64_t in
         if (!buf) {
             failed = 1;
         } else {
-            /* Four weight rows at a time, each dequantized once into an L1-sized buffer. */
-#pragma omp for schedule(static)
+            /* Four weight rows at a time, each dequantized once into an L1-sized buffer. Handed out in
+             * chunks as threads ask: in a server another thread (the event loop) takes a core now and
+             * then, and with fixed shares the whole product would wait for the thread it delayed. */
+#pragma omp for schedule(dynamic, 8)
             for (int64_t o = 0; o < out; o += 4) {
                 const int64_t nw = out - o < 4 ? out - o : 4;
                 for (int64_t r = 0; r < nw; r++)
@@ -324,16 +340,26 @@ int64_t quant_matmul_bf16(int64_t type, const uint8_t *w, int64_t out, int64_t i
         if (!buf || !wb) {
             failed = 1;
         } else {
-#pragma omp for schedule(static)
+#pragma omp for schedule(dynamic, 8) /* as quant_matmul_f32's */
             for (int64_t o = 0; o < out; o += 4) {
                 const int64_t nw = out - o < 4 ? out - o : 4;
-                for (int64_t r = 0; r < nw; r++) {
-                    dequant_row(type, w + (o + r) * row_bytes, in, buf);
-                    for (int64_t i = 0; i < n; i++)
-                        wb[r * n + i] = _mm512_cvtne2ps_pbh(_mm512_load_ps(buf + 32 * i + 16), _mm512_load_ps(buf + 32 * i));
+                const __m512bh *wr[4]; /* the group's rows in bfloat16 */
+                for (int64_t r = 0; r < 4; r++) {
+                    const uint8_t *row = w + (o + r) * row_bytes;
+                    wr[r] = wb + r * n;
+                    if (r >= nw) { /* a last partial group: zero rows, products discarded */
+                        memset(wb + r * n, 0, (size_t)n * 64);
+                    } else if (type == BF16) { /* already bfloat16, in this order */
+                        wr[r] = (const __m512bh *)row;
+                    } else if (type == F16) { /* exact to float32, then rounded once */
+                        for (int64_t i = 0; i < n; i++)
+                            wb[r * n + i] = _mm512_cvtne2ps_pbh(widen_half(F16, row + 64 * i + 32), widen_half(F16, row + 64 * i));
+                    } else {
+                        dequant_row(type, row, in, buf);
+                        for (int64_t i = 0; i < n; i++)
+                            wb[r * n + i] = _mm512_cvtne2ps_pbh(_mm512_load_ps(buf + 32 * i + 16), _mm512_load_ps(buf + 32 * i));
+                    }
                 }
-                for (int64_t r = nw; r < 4; r++) /* a last partial group: zero rows, products discarded */
-                    memset(wb + r * n, 0, (size_t)n * 64);
                 for (int64_t t = 0; t < rows; t += 4) {
                     const int64_t nx = rows - t < 4 ? rows - t : 4;
                     const __m512bh *x0 = xb + t * n, *x1 = xb + (t + (nx > 1)) * n;
@@ -344,7 +370,7 @@ int64_t quant_matmul_bf16(int64_t type, const uint8_t *w, int64_t out, int64_t i
                     for (int64_t i = 0; i < n; i++) {
                         const __m512bh a0 = x0[i], a1 = x1[i], a2 = x2[i], a3 = x3[i];
                         for (int r = 0; r < 4; r++) {
-                            const __m512bh wv = wb[r * n + i];
+                            const __m512bh wv = (__m512bh)_mm512_loadu_si512(wr[r] + i);
                             acc[4 * r] = _mm512_dpbf16_ps(acc[4 * r], wv, a0);
                             acc[4 * r + 1] = _mm512_dpbf16_ps(acc[4 * r + 1], wv, a1);
                             acc[4 * r + 2] = _mm512_dpbf16_ps(acc[4 * r + 2], wv, a2);
@@ -385,6 +411,23 @@ int64_t dequantize_rows_f32(int64_t type, const uint8_t *w, int64_t in, const in
 static void dequant_row(int64_t type, const uint8_t *row, int64_t in, float *out)
 {
     const int64_t bytes = quant_block_bytes(type);
+    if (type == F16 || type == BF16) { /* widened exactly: a copy in float32 */
+#if defined(__AVX512F__)
+        for (int64_t i = 0; i < in; i += 16)
+            _mm512_storeu_ps(out + i, widen_half(type, row + 2 * i));
+        return;
+#endif
+        for (int64_t i = 0; i < in; i++) {
+            const uint16_t h = rd16(row + 2 * i);
+            if (type == F16) {
+                out[i] = f16_to_f32(h);
+            } else {
+                const uint32_t bits = (uint32_t)h << 16;
+                memcpy(out + i, &bits, 4);
+            }
+        }
+        return;
+    }
 #if defined(__AVX512F__)
     /* The same arithmetic, 16 values at a time: a multiply, then an add (never fused), as the reference. */
     if (type == Q8_0 || type == Q4_0 || type == Q4_1) {

@@ -1,7 +1,7 @@
 """Builds the Llama-family model from a GGUF file: quantized weights kept in their blocks on the CPU.
 
 On the CPU in float32 (with the C kernels built), every projection whose GGUF tensors have a kernel
-(Q8_0, Q4_0, Q4_1, Q4_K, Q5_K) becomes a QuantLinear over the file's own blocks, and a quantized
+(Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, F16, BF16) becomes a QuantLinear over the file's own blocks, and a quantized
 token embedding a QuantEmbedding (shared with the output layer when they are tied). Everything else,
 and everything on CUDA or in another dtype, is dequantized (by the `gguf` package, exactly as GGML
 does) and loaded like a Hugging Face checkpoint's float weights: on CUDA that means bfloat16.
@@ -79,7 +79,8 @@ class GGUFWeights:
 
     def quant(self, name: str) -> QuantTensor:
         t = self.tensors[name]
-        data = torch.from_numpy(np.ascontiguousarray(t.data, dtype=np.uint8).copy())
+        raw = np.ascontiguousarray(t.data)  # blocks as bytes; an F16 tensor is read as float16 values
+        data = torch.from_numpy(raw.view(np.uint8).reshape(raw.shape[0], -1).copy())
         perm = self._permutation(name)
         if perm is not None:
             data = data.index_select(0, perm)
