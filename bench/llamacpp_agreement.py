@@ -80,6 +80,8 @@ def main() -> int:
     ap.add_argument("--chunks", type=int, default=8)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--also-base", default=None, help="another llama-perplexity logits file to compare with")
+    ap.add_argument("--quant-batch-dtype", default="auto", choices=("auto", "bfloat16", "float32"),
+                    help="Argosy's batched products (a chunk's 512 rows): the engine's setting (docs/gguf.md)")
     args = ap.parse_args()
     from argosy.engine.model_names import smollm2_path
 
@@ -109,7 +111,7 @@ def main() -> int:
     n_ctx, n_vocab, tokens, theirs = read_base(base)
     from argosy import LLM
 
-    llm = LLM(gguf, kv_cache_memory_gib=0.25, max_model_len=n_ctx)
+    llm = LLM(gguf, kv_cache_memory_gib=0.25, max_model_len=n_ctx, quant_batch_dtype=args.quant_batch_dtype)
     first = n_ctx // 2
     agree = total = 0
     nll_ours = nll_theirs = 0.0
