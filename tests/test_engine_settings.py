@@ -51,8 +51,8 @@ def test_every_setting_a_fleet_file_gives_reaches_the_replica():
              "gpu_memory_utilization": 0.5, "max_num_seqs": 8, "max_num_batched_tokens": 64, "max_model_len": 128,
              "enable_prefix_caching": False, "scheduling_policy": "priority", "seed": 7, "tensor_parallel_size": 2,
              "pipeline_parallel_size": 3, "distributed_executor_backend": "ray", "max_logprobs": 5,
-             "compile_matvec": True, "quantization": "q4_0", "quant_batch_dtype": "float32", "attention_backend": "sdpa",
-             "enforce_eager": True}
+             "compile_matvec": True, "quantization": "q4_0", "quant_batch_dtype": "float32",
+             "attention_backend": "sdpa", "enforce_eager": True}
     fleet_fields = {f.name for f in dataclasses.fields(EngineConfig)} - {"model", "usage"}
     assert set(given) == fleet_fields  # a new EngineConfig field gets a value here
     got = replica_config(given)

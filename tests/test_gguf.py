@@ -250,11 +250,27 @@ def test_quant_batch_dtype_reaches_every_quantized_layer(tmp_path, llama_folder,
             model = llm.engine.runner.model
             layers = [m for m in model.modules() if isinstance(m, QuantLinear)]
             assert layers and all(m.bf16_batches is bf16 for m in layers)
+            rows = torch.randn(5, layers[-1].in_features, generator=torch.Generator().manual_seed(0))
             with torch.no_grad():  # a batch of 5 rows through the output layer
-                logits[choice] = model.lm_head(torch.randn(5, layers[-1].in_features, generator=torch.Generator().manual_seed(0)))
+                logits[choice] = model.lm_head(rows)
     if "bfloat16" in expected:  # the rounding shows, and stays small
         diff = ((logits["bfloat16"] - logits["float32"]).norm() / logits["float32"].norm()).item()
         assert 0 < diff < 1e-2
     monkeypatch.setattr(quant_kernels, "bf16_products_available", lambda: False)  # a CPU without AVX512-BF16
     with pytest.raises(ValueError, match="AVX512-BF16"):
         LLM(path, kv_cache_memory_gib=0.05, quant_batch_dtype="bfloat16")
+
+
+def test_a_16_bit_tensor_of_odd_width_stays_float32(tmp_path_factory, monkeypatch):
+    """F16 rows are taken in runs of 32: a width that is not a multiple of 32 (here the MLP's 200) loads as
+    float32, the rest stays 2 bytes a weight, and the tokens are those of the file read all in float32."""
+    dims = {**DIMS, "intermediate_size": 200}
+    folder = make_random_model(tmp_path_factory.mktemp("odd") / "odd", arch="llama", **dims)
+    path = str(hf_to_gguf(folder, folder.parent / "odd.gguf", "F16"))
+    with LLM(path, kv_cache_memory_gib=0.05, quant_batch_dtype="float32") as llm:
+        layer = llm.engine.runner.model.layers[0]
+        assert isinstance(layer.self_attn.qkv_proj, QuantLinear)
+        assert not isinstance(layer.mlp.down_proj, QuantLinear)  # 200 inputs
+        kept = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, GREEDY, use_tqdm=False)]
+    monkeypatch.setattr(quant_kernels, "available", lambda: False)
+    assert kept == greedy(path)

@@ -75,7 +75,11 @@ class GGUFWeights:
         return _unpermute_index(int(self.tensors[name].shape[-1]), heads)
 
     def has_kernel(self, name: str) -> bool:
-        return int(self.tensors[name].tensor_type) in KERNEL_TYPES
+        t = self.tensors[name]
+        kind = KERNEL_TYPES.get(int(t.tensor_type))
+        # A block type's rows are whole blocks by construction; an F16 or BF16 row may be any width, and the
+        # kernels take it in runs of 32 (one that is not stays float32, as before).
+        return kind is not None and len(t.shape) == 2 and int(t.shape[0]) % kind[1] == 0
 
     def quant(self, name: str) -> QuantTensor:
         t = self.tensors[name]
