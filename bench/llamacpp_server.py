@@ -174,9 +174,12 @@ def bench_file(path: Path, args) -> None:
     targets = {"argosy": f"http://127.0.0.1:{a_port}/v1", "llama-server": f"http://127.0.0.1:{l_port}/v1"}
     results: dict[tuple[str, int], list[dict]] = {}
     try:
-        for n in args.concurrency:  # warm both up at each level once, unmeasured
+        # Warm both up at each level with one full-length pass, unmeasured. A pass of 8 tokens was too short:
+        # llama-server's 16-stream speed then rose round after round (Q8_0: 152, 194, 272, 339 tok/s over 4
+        # rounds, 2026-12-04; cause not examined) while Argosy's stayed level.
+        for n in args.concurrency:
             for url in targets.values():
-                asyncio.run(level(url, name, n, n, 8))
+                asyncio.run(level(url, name, n, n, args.max_tokens))
         for r in range(args.rounds):
             for n in args.concurrency:
                 order = list(targets) if r % 2 == 0 else list(reversed(targets))
