@@ -181,7 +181,23 @@ def _bad_files(tmp_path, llama_folder):
     at = blob.index(name) + len(name) + 4 + 8  # n_dims (uint32), one dim (uint64)
     blob[at:at + 4] = int(gguf.GGMLQuantizationType.Q2_K).to_bytes(4, "little")
     (tmp_path / "kind.gguf").write_bytes(bytes(blob))
+    # A kept (quantized) tensor with half the rows the config needs: refused at load, not at the first step.
+    reader, cut = gguf.GGUFReader(good), tmp_path / "shape.gguf"
+    writer = gguf.GGUFWriter(str(cut), reader.fields["general.architecture"].contents())
+    for key, field in reader.fields.items():
+        if not key.startswith("GGUF.") and key != "general.architecture":
+            sub = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
+            writer.add_key_value(key, field.contents(), field.types[0], sub_type=sub)
+    for t in reader.tensors:
+        data = t.data[: t.data.shape[0] // 2] if t.name == "blk.0.ffn_down.weight" else t.data
+        writer.add_tensor(t.name, np.ascontiguousarray(data),
+                          raw_dtype=None if t.tensor_type == gguf.GGMLQuantizationType.F32 else t.tensor_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
     return {"truncated": ("truncated", tmp_path / "truncated.gguf"),
+            "shape": ("blk.0.ffn_down.weight have 128 rows in all, where the model's config needs 256", cut),
             "magic": ("not a GGUF file", tmp_path / "magic.gguf"),
             "arch": ("unsupported GGUF architecture 'phi3'", arch),
             "kind": ("'blk.0.attn_norm.weight' has type Q2_K", tmp_path / "kind.gguf")}

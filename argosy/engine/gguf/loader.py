@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from argosy.engine import quant_kernels
-from argosy.engine.checkpoint import ModelConfig
+from argosy.engine.checkpoint import CheckpointError, ModelConfig
 from argosy.engine.gguf.file import PERMUTED_QK, architecture, open_gguf, release_mappings
 from argosy.engine.models.llama import LlamaForCausalLM, rope_inv_freq
 from argosy.engine.quant_decode import install_single_stream_path
@@ -116,6 +116,19 @@ class GGUFWeights:
         return self.float32("rope_freqs.weight") if "rope_freqs.weight" in self.tensors else None
 
 
+def _quant_linear(names: list[str], segs: list, old: torch.nn.Linear, bias: torch.Tensor | None) -> QuantLinear:
+    """The QuantLinear standing for `old`, or a CheckpointError naming the tensors whose shapes do not fit
+    the model's config (the float path's load_weights checks the same; kept blocks must be checked here)."""
+    try:
+        layer = QuantLinear(old.in_features, segs, bias)
+    except ValueError as e:
+        raise CheckpointError(f"GGUF tensors {', '.join(names)}: {e}") from None
+    if layer.out_features != old.out_features:
+        raise CheckpointError(f"GGUF tensors {', '.join(names)} have {layer.out_features} rows in all, where the "
+                              f"model's config needs {old.out_features}")
+    return layer
+
+
 def _keep_quantized(model: LlamaForCausalLM, weights: GGUFWeights) -> set[str]:
     """Puts QuantLinear/QuantEmbedding modules where the file's tensors have a kernel; returns their names."""
     taken: set[str] = set()
@@ -136,16 +149,19 @@ def _keep_quantized(model: LlamaForCausalLM, weights: GGUFWeights) -> set[str]:
             parent = getattr(layer, parent_name)
             old = getattr(parent, attr)
             bias = None if old.bias is None else torch.empty_like(old.bias)  # filled by load_weights
-            setattr(parent, attr, QuantLinear(old.in_features, segs, bias))
+            setattr(parent, attr, _quant_linear(names, segs, old, bias))
     embed = "token_embd.weight"
     if weights.has_kernel(embed):
         table = weights.quant(embed)
+        if (table.rows, table.cols) != tuple(model.embed_tokens.weight.shape):
+            raise CheckpointError(f"GGUF tensor {embed} is {table.rows} x {table.cols}, where the model's config "
+                                  f"needs {tuple(model.embed_tokens.weight.shape)}")
         taken.add(embed)
         model.embed_tokens = QuantEmbedding(table)
         if model.cfg.tie_word_embeddings:
             model.lm_head = QuantLinear(table.cols, [table])
     if not model.cfg.tie_word_embeddings and (segs := segments(["output.weight"])) is not None:
-        model.lm_head = QuantLinear(model.cfg.hidden_size, segs)
+        model.lm_head = _quant_linear(["output.weight"], segs, model.lm_head, None)
     return taken
 
 
