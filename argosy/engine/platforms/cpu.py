@@ -69,12 +69,12 @@ def set_quant_batch_dtype(model: torch.nn.Module, choice: str) -> None:
     layers = [m for m in model.modules() if isinstance(m, QuantLinear)]
     if not layers:
         return
-    bf16 = choice == "bfloat16" or (choice == "auto" and quant_kernels.bf16_products_available())
-    if bf16 and not quant_kernels.bf16_products_available():
+    available = quant_kernels.bf16_products_available()
+    if choice == "bfloat16" and not available:
         raise ValueError("quant_batch_dtype bfloat16 needs a CPU with AVX512-BF16, which this one lacks: "
                          "use auto or float32")
     for layer in layers:
-        layer.bf16_batches = bf16
+        layer.bf16_batches = available and choice != "float32"
 
 
 def store_linears_transposed(model: torch.nn.Module) -> None:
