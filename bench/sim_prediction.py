@@ -1,13 +1,15 @@
 """Prediction, not a fit: the simulator against a real autoscaled fleet, at loads it was not fitted to.
 
-1. profile ONE replica of the built-in model at low load (`argosy profile`'s engine sweep and served
-   replica, plus one replica's start-to-ready time): this is the only measurement the sim is given;
+1. profile ONE replica of the built-in model at low load (`argosy profile --node`: the engine sweep, the
+   served replica, and the node's CPU per token outside the engines, at 1 to 16 streams behind
+   `argosy serve`; plus one replica's start-to-ready time): the only measurement the sim is given;
 2. for three loads (30, 60 and 90% of what the profile says three replicas serve) and one bursty trace,
    start a fresh `argosy serve` (the fleet file below: prefix routing, autoscaling 1..3 replicas on
    concurrency), drive it with `argosy bench --trace`, and poll its replica count every second;
 3. replay the same requests (the bench's send times and the server's token counts) in `argosy sim`
    with the profile, the same fleet file and the same autoscaler, the replicas sharing this machine's
-   cores as the real ones do (`--node-cores`, one engine thread each), with nothing refitted;
+   cores as the real ones do (`--node-cores`: one engine thread each, plus the profile's CPU per token
+   for the gateway, the event loops and the load generator), with nothing refitted;
 4. print measured against predicted TTFT p50/p90, TPOT p50, output throughput and the mean number of
    ready replicas, with % errors (target: each within 15%).
 
@@ -51,11 +53,13 @@ def fleet_file(tmp: Path, ckpt: str) -> Path:
 def profile_once(ckpt: str, log) -> object:
     """The engine sweep, the served replica, and a replica's start-to-ready time: all at low load."""
     from argosy.sim.measure import measure_profile
+    from argosy.sim.measure_node import measure_node
     from argosy.sim.measure_serving import free_port, measure_serving, wait_ready
 
     kw = {"max_num_seqs": ENGINE["max_num_seqs"], "token_budget": ENGINE["max_num_batched_tokens"],
           "kv_cache_memory_gib": ENGINE["kv_cache_memory_gib"]}
     prof = measure_serving(ckpt, measure_profile(ckpt, log=log, **kw), log=log, **kw)
+    prof = measure_node(ckpt, prof, log=log, **kw)  # the gateway's, event loops' and client's CPU per token
     port, t0 = free_port(), time.monotonic()
     proc = subprocess.Popen([sys.executable, "-m", "argosy.cli", "engine", "--model", ckpt, "--port", str(port),
                              "--max-num-seqs", "32", "--max-num-batched-tokens", "512", "--kv-cache-memory", "0.5"],
@@ -226,7 +230,9 @@ def main() -> int:
         meas["replicas"] = mean_replicas([(t, float(n)) for t, n in counts], meas["span_s"])
         pred["replicas"] = mean_replicas([(row["t"], float(sum(row["replicas"].values()))) for row in res["timeline"]],
                                          pred["span_s"])
-        row = {"load": name, "requests": len(records), "ok": len(ok), "measured": meas, "predicted": pred}
+        row = {"load": name, "requests": len(records), "ok": len(ok), "measured": meas, "predicted": pred,
+               "replicas_measured": counts,
+               "replicas_predicted": [(r["t"], sum(r["replicas"].values())) for r in res["timeline"]]}
         rows.append(row)
         print(f"\n{name}: {len(ok)}/{len(records)} requests ok\n{'figure':<22}{'measured':>12}{'predicted':>12}"
               f"{'error':>10}")

@@ -68,6 +68,9 @@ def add_profile_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-cache-memory", type=float, default=0.5, metavar="GIB", help="KV cache when measuring")
     p.add_argument("--engine-only", action="store_true",
                    help="time the engine's steps only; by default a served replica is measured too (HTTP, SSE)")
+    p.add_argument("--node", action="store_true",
+                   help="also measure the CPU a node spends outside the engines per token (gateway, event loops, "
+                        "client) and a replica's start under load, behind `argosy serve`: for `sim --node-cores`")
     p.add_argument("--output", "-o", default="profile.json")
     _add_roofline(p)
 
@@ -85,6 +88,8 @@ def run_profile(args: argparse.Namespace) -> int:
     try:
         if (args.model is None) == (args.gpu is None):
             raise ValueError("give --model PATH (measure this device) or --gpu NAME --model-config M (roofline)")
+        if args.node and (args.gpu is not None or _is_encoder(args.model)):
+            raise ValueError("--node measures a generating model served on this machine (not --gpu or an encoder)")
         if args.gpu is not None:
             if args.model_config is None:
                 raise ValueError("--gpu needs --model-config (a catalogue model, checkpoint folder or config.json)")
@@ -104,6 +109,12 @@ def run_profile(args: argparse.Namespace) -> int:
                 prof = measure_serving(args.model, prof, max_num_seqs=args.max_num_seqs,
                                        token_budget=args.max_num_batched_tokens,
                                        kv_cache_memory_gib=args.kv_cache_memory, log=_log)
+            if args.node:
+                from argosy.sim.measure_node import measure_node
+
+                prof = measure_node(args.model, prof, max_num_seqs=args.max_num_seqs,
+                                    token_budget=args.max_num_batched_tokens,
+                                    kv_cache_memory_gib=args.kv_cache_memory, log=_log)
     except (ValueError, FileNotFoundError, RuntimeError) as e:
         return _fail("profile", e)
     from argosy.sim.capacity import render_capacity
@@ -186,8 +197,9 @@ def add_sim_arguments(p: argparse.ArgumentParser) -> None:
                    help="left out of latencies and of the steady-state cost window (default: a tenth of the run, "
                         "with the autoscaler at least two cold starts, at most half the run)")
     p.add_argument("--node-cores", type=float, default=None, metavar="CORES",
-                   help="CPU replicas sharing one node of this many cores: busy replicas slow each other down "
-                        "(default: each replica has its own hardware)")
+                   help="CPU replicas sharing one node of this many cores: busy replicas (and, with a profile "
+                        "from `argosy profile --node`, the CPU their tokens cost the gateway and event loops) "
+                        "slow each other down (default: each replica has its own hardware)")
     p.add_argument("--replica-threads", type=float, default=1.0, metavar="THREADS",
                    help="with --node-cores: the threads each replica's engine runs (1)")
     p.add_argument("--week", action="store_true", help="plan a week from its distinct hourly load levels")
@@ -232,6 +244,9 @@ def run_sim(args: argparse.Namespace) -> int:
     prices = gpu_prices([profile.gpu], args.price_tier, args.provider, args.prices)
     if args.node_cores is not None and not (args.node_cores > 0 and args.replica_threads > 0):
         return _fail("sim", ValueError("--node-cores and --replica-threads must be > 0"))
+    if args.node_cores is not None and not profile.node_token_cpu_table:
+        _log("note: the profile has no node CPU figures (`argosy profile --node`): only the engines' threads "
+             "share the node's cores, so a busy node is predicted faster than it is")
     settings = SimSettings(replicas=args.replicas, sample_s=max(1.0, spec.duration_s / 2000),
                            node_cores=args.node_cores, replica_threads=args.replica_threads)
     t0 = time.perf_counter()

@@ -36,7 +36,12 @@ class EncoderSimReplica:
         self.requests: dict[str, SimRequest] = {}
         self.busy_s = self.prefill_s = 0.0
         self.itl: list[tuple[float, int]] = []  # none: nothing is decoded
-        self.slowdown: Callable[[], float] | None = None  # a batch's time multiplier (FleetSim, --node-cores)
+        # A batch's time multiplier, given its seconds and node CPU seconds (FleetSim.cpu_share, --node-cores).
+        self.slowdown: Callable[[float, float], float] | None = None
+        self.cpu_demand = 0.0
+        # A start on a shared node (FleetSim.pace_starts): one core's seconds left, as of start_mark, at pace.
+        self.start_left = self.start_mark = 0.0
+        self.start_pace, self.start_version = 1.0, 0
 
     def now_starting(self, now: float) -> bool:
         return now < self.ready_s
@@ -60,7 +65,8 @@ class EncoderSimReplica:
         # Bidirectional attention: every token sees its whole input (the LLM's causal prefill counts half).
         dt = self.profile.step_s(sum(lengths), 0, sum(lengths), sum(n * n for n in lengths))
         if self.slowdown is not None:  # replicas sharing a CPU node's cores
-            dt *= self.slowdown()
+            requests = len({it.request.request_id for it in self.batch})
+            dt *= self.slowdown(dt, self.profile.node_cpu_s(0, 0, requests))
         self.busy, self.run_start, self.run_ends = True, now, [now + dt]
         self.version += 1
         return now + dt

@@ -46,9 +46,12 @@ class SimSettings:
     # Replicas started before this time are ready at once: a week level's warm-up stands for the hours
     # before it, in which the autoscaler had time to follow the slow diurnal change.
     instant_start_until_s: float = 0.0
-    # CPU replicas sharing one node: with node_cores set, k busy replicas of replica_threads threads each run
-    # at min(1, node_cores / (k x replica_threads)) of their profiled speed (a step's time is scaled when it
-    # starts; a run of decode steps keeps its factor). None: every replica has its own hardware.
+    # CPU replicas sharing one node of node_cores cores (None: every replica has its own hardware). Each busy
+    # replica asks for replica_threads cores plus the CPU its tokens cost outside the engine (the profile's
+    # node_token_cpu_table and node_request_cpu_s: the gateway, event loops, a load generator on the node), a
+    # replica still starting for one core; while they ask for more than node_cores, every step runs that
+    # much slower (a step's time is scaled when it starts; a run of decode steps keeps its factor), and a
+    # cold start is stretched by the factor at its start.
     node_cores: float | None = None
     replica_threads: float = 1.0
 
@@ -99,9 +102,23 @@ class FleetSim:
         self.region_routing = SimRegions(fleet, model, spec, lambda: self.now, spec.seed) \
             if fleet is not None and fleet.regions else None
 
-    def cpu_share(self, rep: SimReplica) -> float:
-        busy = 1 + sum(1 for r in self.all_replicas if r.busy and r is not rep and r.stopped_s is None)
-        return max(1.0, busy * self.s.replica_threads / self.s.node_cores)
+    def node_demand(self, rep: SimReplica | None = None) -> float:
+        """Cores asked for by every replica but `rep`: busy ones' engines and token CPU, starting ones' one."""
+        now, total = self.now, 0.0
+        for r in self.all_replicas:
+            if r is rep or r.stopped_s is not None:
+                continue
+            if r.busy:
+                total += r.cpu_demand
+            elif r.now_starting(now):
+                total += 1.0  # a replica's start (imports, load, warm-up) is one busy thread
+        return total
+
+    def cpu_share(self, rep: SimReplica, seconds: float, cpu: float) -> float:
+        """The time multiplier of `rep`'s step of `seconds` (as profiled) whose tokens cost the node `cpu`
+        CPU seconds outside the engine: the node's cores over what every replica asks for, when short."""
+        rep.cpu_demand = self.s.replica_threads + (cpu / seconds if seconds > 0 else 0.0)
+        return max(1.0, (rep.cpu_demand + self.node_demand(rep)) / self.s.node_cores)
 
     def fixed_replicas(self, region: str) -> int:
         return dict(self.s.replicas_by_region).get(region, self.s.replicas or 0)
@@ -124,15 +141,34 @@ class FleetSim:
         rep = self.replica_class(f"{region.name}-{next(self.ids)}", region.idx, self.profile, e.max_num_seqs,
                                  budget, now, ready, self.prefix_tokens)
         if self.s.node_cores is not None:
-            rep.slowdown = lambda rep=rep: self.cpu_share(rep)
+            rep.slowdown = lambda seconds, cpu, rep=rep: self.cpu_share(rep, seconds, cpu)
         region.replicas.append(rep)
         self.all_replicas.append(rep)
         self.by_name[rep.name] = rep
-        if cold:
+        if cold and self.s.node_cores is not None:  # its start shares the node's cores: see pace_starts
+            rep.start_left = self.profile.cold_start_cpu_s or self.profile.cold_start_s
+            rep.start_mark, rep.start_pace = now, 1.0
+            self.pace_starts()
+        elif cold:
             self.push(ready, READY, rep)
         else:
             self.make_ready(rep)
         return rep
+
+    def pace_starts(self) -> None:
+        """On a shared node, a replica's start is one core's work (the profile's cold_start_cpu_s, measured
+        beside a serving replica; else cold_start_s, measured alone), done at the share of a core it gets:
+        re-paced whenever a replica starts and at each autoscaler tick."""
+        now = self.now
+        for rep in self.all_replicas:
+            if rep.stopped_s is not None or rep.start_left <= 0.0 or not rep.now_starting(now):
+                continue
+            rep.start_left -= (now - rep.start_mark) / rep.start_pace
+            rep.start_mark = now
+            rep.start_pace = max(1.0, (1.0 + self.node_demand(rep)) / self.s.node_cores)
+            rep.ready_s = now + max(rep.start_left, 0.0) * rep.start_pace
+            rep.start_version += 1
+            self.push(rep.ready_s, READY, rep, rep.start_version)
 
     def make_ready(self, rep: SimReplica) -> None:
         region = self.regions[rep.region]
@@ -371,11 +407,15 @@ class FleetSim:
                 if version == obj.version and obj.stopped_s is None:
                     self.on_step(obj)
             elif kind == READY:
-                self.make_ready(obj)
+                if version == obj.start_version:  # else re-paced since (pace_starts)
+                    obj.start_left = 0.0
+                    self.make_ready(obj)
             elif kind in (TICK, SAMPLE):
                 if t > duration and not any(r.requests for r in self.all_replicas if r.stopped_s is None):
                     continue  # arrivals are over and everything finished: let the loop end
                 if kind == TICK:
+                    if self.s.node_cores is not None:
+                        self.pace_starts()
                     self.on_tick(obj)
                     self.push(t + a.tick_s, TICK, obj)
                 else:

@@ -65,6 +65,15 @@ class StepProfile:
     # mixed steps are read from the two tables (see step_s) instead of the fitted line.
     prefill_table: tuple[tuple[float, float], ...] = ()
     per_token_comm_s: float = 0.0  # split: the tensor-parallel all-reduces of one token, after its matmuls
+    # CPU time a node spends outside the engine threads (the gateway, the replicas' event loops, a load
+    # generator on the same node): per output token by concurrent streams (streams, seconds), flat beyond
+    # the measured ones, and per request (argosy.sim.measure_node). The sim reads them only where
+    # replicas share a node's cores (SimSettings.node_cores).
+    node_token_cpu_table: tuple[tuple[float, float], ...] = ()
+    node_request_cpu_s: float = 0.0
+    # CPU seconds a replica's start takes on a node that is serving (argosy.sim.measure_node): a start on a
+    # shared node is paced by it (by cold_start_s where 0).
+    cold_start_cpu_s: float = 0.0
     notes: dict = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
@@ -79,7 +88,11 @@ class StepProfile:
             raise ValueError("step-time coefficients must be finite and >= 0")
         if not all(math.isfinite(b) and math.isfinite(t) and b >= 0 for b, t in self.serving_table):
             raise ValueError("serving_table entries must be finite (batch, seconds) pairs")
-        for name in ("serving_table", "prefill_table"):  # sorted once here, read on every simulated step
+        node = (self.node_request_cpu_s, self.cold_start_cpu_s, *(v for row in self.node_token_cpu_table for v in row))
+        if min(node, default=0.0) < 0 or not all(math.isfinite(v) for v in node):
+            raise ValueError("node CPU figures must be finite and >= 0")
+        # Sorted once here, read on every simulated step.
+        for name in ("serving_table", "prefill_table", "node_token_cpu_table"):
             object.__setattr__(self, name, tuple(sorted(tuple(row) for row in getattr(self, name))))
 
     def compute_s(self, prefill_tokens: int, decode_seqs: int, prefill_attn: int = 0) -> float:
@@ -116,6 +129,14 @@ class StepProfile:
                     + max(self.per_prefill_attn_s * prefill_attn, self.per_kv_token_s * kv_tokens))
         c, m = self.compute_s(prefill_tokens, decode_seqs, prefill_attn), self.memory_s(kv_tokens)
         return c + m if self.combine == "sum" else max(c, m)
+
+    def node_cpu_s(self, batch: int, tokens: int, first_tokens: int) -> float:
+        """CPU seconds the node spends outside the engines on `tokens` output tokens of a step of `batch`
+        streams, `first_tokens` of them a request's first (which pays for the request)."""
+        pts, per_token = self.node_token_cpu_table, 0.0
+        if pts:
+            per_token = _along(pts, min(max(batch, pts[0][0]), pts[-1][0]))
+        return tokens * per_token + first_tokens * self.node_request_cpu_s
 
     def decode_run_s(self, batch: int, kv_tokens: int, steps: int) -> list[float]:
         """Step times of `steps` decode steps of `batch` sequences, each step reading `batch` more KV tokens."""

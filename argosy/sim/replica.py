@@ -73,7 +73,14 @@ class SimReplica:
         self.run_seqs: list[tuple[Sequence, int]] = []
         self.requests: dict[int, SimRequest] = {}  # seq_id -> request
         self.busy_s = self.prefill_s = 0.0
-        self.slowdown: Callable[[], float] | None = None  # a step's time multiplier, read when it starts
+        # Replicas sharing a node's cores: given a step's profiled seconds and the node CPU seconds its
+        # tokens cost outside the engine, its time multiplier, read when it starts (FleetSim.cpu_share);
+        # cpu_demand is the cores it asked for.
+        self.slowdown: Callable[[float, float], float] | None = None
+        self.cpu_demand = 0.0
+        # A start on a shared node (FleetSim.pace_starts): one core's seconds left, as of start_mark, at pace.
+        self.start_left = self.start_mark = 0.0
+        self.start_pace, self.start_version = 1.0, 0
         self.itl: list[tuple[float, int]] = []  # (inter-token gap, tokens with that gap)
 
     def now_starting(self, now: float) -> bool:
@@ -123,7 +130,7 @@ class SimReplica:
             req.preemptions += 1
             seq.block_hashes = list(req.block_hashes)  # freeing dropped them; readmission looks them up
         prof = self.profile
-        prefill = decodes = kv = attn = 0
+        prefill = decodes = kv = attn = completed = first = 0
         all_decode = True
         for seq, n in out.scheduled:
             kv += seq.num_computed_tokens + n
@@ -133,6 +140,9 @@ class SimReplica:
                 prefill += n
                 attn += n * (seq.num_computed_tokens + (n + 1) // 2)  # causal: the mean context
                 all_decode = False
+                if seq.num_computed_tokens + n == seq.num_tokens:  # the chunk ends the prompt: a token
+                    completed += 1
+                    first += seq.num_output_tokens == 0
         steps = 1
         if all_decode:
             steps = min(MAX_RUN_STEPS, min(s.max_tokens - s.num_output_tokens for s, _ in out.scheduled))
@@ -152,7 +162,8 @@ class SimReplica:
         else:
             times = [prof.step_s(prefill, decodes, kv, attn)]
         if self.slowdown is not None:  # replicas sharing a CPU node's cores (FleetSim, --node-cores)
-            f = self.slowdown()
+            batch = decodes + completed
+            f = self.slowdown(sum(times), prof.node_cpu_s(batch, batch * len(times), first))
             times = [t * f for t in times]
         if prefill:
             self.prefill_s += times[0] * prefill / (prefill + decodes)

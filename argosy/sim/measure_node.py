@@ -1,0 +1,217 @@
+"""What a CPU node spends outside the engines, per output token: measured on a real `argosy serve`.
+
+Replicas that share a node's cores (`argosy sim --node-cores`) compete with more than each other: every
+token also costs CPU in the gateway (read a chunk, write a chunk), in its replica's event loop (the SSE
+chunk) and in the client when it runs on the node (a load generator does). On a 2-core machine that is
+a quarter of a core at 1,700 tok/s, which the engines then lack.
+
+Measured here: `argosy serve` with one replica (the engine limits given) and `argosy bench` in closed
+loop at concurrency 1, 4 and 16, outputs of OUTPUT tokens, plus one run of short outputs at
+concurrency 1. The CPU time of every thread of the serve process and its replicas except the engine's
+(named `argosy-engine`, with its OpenMP workers), plus the bench's, over the output tokens, is the
+node's CPU per token at that concurrency; the difference between the long and the short outputs at
+concurrency 1 splits off what a request costs by itself. The per-token cost falls with concurrency
+(a wake-up of the event loops carries more chunks), so it is kept by batch, as the serving table is.
+Last, a replica is started beside the serving one under load: the CPU time its start takes there is
+what the sim paces a start on a busy node by (more than alone, where CPU time ~ wall time).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import resource
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from argosy.sim.profile import StepProfile
+
+ENGINE_THREAD = "argosy-engine"
+CONCURRENCY = (1, 4, 16)
+SHORT_OUTPUT = 8
+TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
+
+
+def _tree(root: int) -> list[int]:
+    pids, i = [root], 0
+    while i < len(pids):
+        with contextlib.suppress(OSError):
+            with open(f"/proc/{pids[i]}/task/{pids[i]}/children") as f:
+                pids.extend(int(p) for p in f.read().split())
+        i += 1
+    return pids
+
+
+def serving_cpu_s(root: int) -> float:
+    """CPU seconds used so far by every thread under `root` (processes included) but the engines'."""
+    total = 0
+    for pid in _tree(root):
+        with contextlib.suppress(OSError):
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                with contextlib.suppress(OSError), open(f"/proc/{pid}/task/{tid}/stat") as f:
+                    stat = f.read()
+                name, fields = stat[stat.index("(") + 1:stat.rindex(")")], stat[stat.rindex(")") + 2:].split()
+                if name != ENGINE_THREAD:
+                    total += int(fields[11]) + int(fields[12])  # utime + stime, in clock ticks
+    return total * TICK_S
+
+
+def _children_cpu_s() -> float:
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
+def _fleet_file(tmp: Path, model: str, engine: dict) -> Path:
+    import yaml
+
+    path = tmp / "fleet.yaml"
+    path.write_text(yaml.safe_dump({"models": [{"name": "profiled", "checkpoint": model, "engine": engine,
+                                                "autoscaling": {"min_replicas": 1, "max_replicas": 1}}]}))
+    return path
+
+
+def _start_serve(fleet: Path, timeout_s: float = 180.0) -> tuple[subprocess.Popen, str]:
+    proc = subprocess.Popen([sys.executable, "-m", "argosy.cli", "serve", "--config", str(fleet), "--port", "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    deadline, url = time.monotonic() + timeout_s, None
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if "gateway listening on " in line:
+            url = line.split("gateway listening on ", 1)[1].split(";")[0].strip()
+            break
+        if time.monotonic() > deadline:
+            break
+    if url is None:
+        _stop(proc)
+        raise RuntimeError("argosy serve did not start while measuring the node's serving CPU")
+    import threading
+
+    threading.Thread(target=lambda: [None for _ in proc.stdout], daemon=True).start()  # keep its pipe drained
+    while time.monotonic() < deadline:
+        try:
+            with _urlopen(url + "/admin/fleet") as r:
+                reps = json.loads(r.read())["models"][0]["replicas"]
+            if any(rep["state"] == "ready" for rep in reps):
+                return proc, url
+        except OSError:
+            pass
+        if proc.poll() is not None:
+            break
+        time.sleep(0.3)
+    _stop(proc)
+    raise RuntimeError("the replica behind argosy serve was not ready in time")
+
+
+def _urlopen(url: str):
+    import urllib.request
+
+    return urllib.request.urlopen(url, timeout=2)
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGINT)
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def _run(url: str, root: int, concurrency: int, n: int, prompt_tokens: int, output_tokens: int,
+         out: Path, fixed: tuple[float, float] = (0.0, 0.0)) -> tuple[float, int, int]:
+    """(CPU seconds outside the engines, output tokens, requests) of one closed-loop bench run, less
+    `fixed`: (the client's own start, the node's idle CPU per second)."""
+    served0, client0, t0 = serving_cpu_s(root), _children_cpu_s(), time.monotonic()
+    subprocess.run([sys.executable, "-m", "argosy.cli", "bench", "--url", url, "--model", "profiled",
+                    "--concurrency", str(concurrency), "--num-requests", str(n), "--prompt-tokens",
+                    str(prompt_tokens), "--output-tokens", str(output_tokens), "--seed", str(n + concurrency),
+                    "--no-progress", "-o", str(out)], check=True, stdout=subprocess.DEVNULL)
+    cpu = serving_cpu_s(root) - served0 + _children_cpu_s() - client0 - fixed[0] - fixed[1] * (time.monotonic() - t0)
+    ok = [r for r in json.loads(out.read_text())["runs"][0]["records"] if r["ok"]]
+    if len(ok) < n:
+        raise RuntimeError(f"{n - len(ok)} of {n} requests failed while measuring the node's serving CPU")
+    return cpu, sum(r["output_tokens"] for r in ok), len(ok)
+
+
+def _process_cpu_s(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) * TICK_S
+
+
+def _start_cpu_under_load(url: str, model: str, engine: dict, prompt_tokens: int, output_tokens: int,
+                          tmp: Path) -> float:
+    """CPU seconds a replica takes from its start to /ready while the node serves (closed loop, 4 streams).
+    More than alone: a start shares caches and memory bandwidth with the serving processes."""
+    from argosy.sim.measure_serving import free_port, wait_ready
+
+    load = subprocess.Popen([sys.executable, "-m", "argosy.cli", "bench", "--url", url, "--model", "profiled",
+                             "--concurrency", "4", "--duration", "300", "--prompt-tokens", str(prompt_tokens),
+                             "--output-tokens", str(output_tokens), "--no-progress", "-o", str(tmp / "load.json")],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    port = free_port()
+    try:
+        time.sleep(2.0)  # the load under way
+        replica = subprocess.Popen([sys.executable, "-m", "argosy.cli", "engine", "--model", model, "--port", str(port),
+                                    "--max-num-seqs", str(engine["max_num_seqs"]), "--max-num-batched-tokens",
+                                    str(engine["max_num_batched_tokens"]), "--kv-cache-memory",
+                                    str(engine["kv_cache_memory_gib"])],
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            wait_ready(f"http://127.0.0.1:{port}", replica)
+            return _process_cpu_s(replica.pid)
+        finally:
+            replica.terminate()
+            replica.wait(timeout=30)
+    finally:
+        load.terminate()
+        load.wait(timeout=30)
+
+
+def measure_node(model: str, prof: StepProfile, *, max_num_seqs: int, token_budget: int, kv_cache_memory_gib: float,
+                 prompt_tokens: int = 128, output_tokens: int = 64, requests: int = 96,
+                 log: Callable[[str], None] = print) -> StepProfile:
+    """`prof` with the node's CPU per output token (by concurrency) and per request outside the engines."""
+    if not os.path.isdir(f"/proc/{os.getpid()}/task"):
+        raise RuntimeError("measuring a node's CPU by thread needs Linux's /proc")
+    engine = {"max_num_seqs": max_num_seqs, "max_num_batched_tokens": token_budget,
+              "kv_cache_memory_gib": kv_cache_memory_gib}
+    with tempfile.TemporaryDirectory(prefix="argosy-node-") as tmp:
+        proc, url = _start_serve(_fleet_file(Path(tmp), model, engine))
+        try:
+            # A warm-up run first: the first requests pay for lazy imports and connection set-up.
+            _run(url, proc.pid, 4, 16, prompt_tokens, output_tokens, Path(tmp) / "warm.json")
+            idle0, t0 = serving_cpu_s(proc.pid), time.monotonic()
+            time.sleep(2.0)  # health checks and scrapes: the node's CPU with nothing to serve
+            idle = (serving_cpu_s(proc.pid) - idle0) / (time.monotonic() - t0)
+            # What the client spends on its own start (interpreter, imports): runs of one 1-token request.
+            start = statistics.median(_run(url, proc.pid, 1, 1, prompt_tokens, 1, Path(tmp) / f"start{i}.json",
+                                           (0.0, idle))[0] for i in range(3))
+            fixed = (start, idle)
+            short = _run(url, proc.pid, 1, requests, prompt_tokens, SHORT_OUTPUT, Path(tmp) / "short.json", fixed)
+            runs = {c: _run(url, proc.pid, c, requests, prompt_tokens, output_tokens, Path(tmp) / f"c{c}.json", fixed)
+                    for c in CONCURRENCY if c <= max_num_seqs}
+            start_cpu = _start_cpu_under_load(url, model, engine, prompt_tokens, output_tokens, Path(tmp))
+        finally:
+            _stop(proc)
+    (cpu_s, tok_s, n_s), (cpu_l, tok_l, n_l) = short, runs[1]
+    # cpu = n x per_request + tokens x per_token, from two runs with different tokens per request
+    per_token_1 = (cpu_l / n_l - cpu_s / n_s) / (tok_l / n_l - tok_s / n_s)
+    per_request = max(cpu_l / n_l - per_token_1 * tok_l / n_l, 0.0)
+    table = tuple((float(c), max((cpu - n * per_request) / tok, 0.0)) for c, (cpu, tok, n) in runs.items())
+    log("node CPU outside the engines (gateway, event loops, client): "
+        + ", ".join(f"{t * 1e6:.0f} us/token at {c:g} streams" for c, t in table)
+        + f"; {per_request * 1e3:.2f} ms per request; a replica's start under load: {start_cpu:.1f} CPU-s")
+    return dataclasses.replace(prof, node_token_cpu_table=table, node_request_cpu_s=per_request,
+                               cold_start_cpu_s=start_cpu,
+                               notes={**prof.notes, "node": {"table": [list(t) for t in table],
+                                                             "request_cpu_s": per_request, "start_cpu_s": start_cpu}})

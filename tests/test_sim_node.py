@@ -1,0 +1,106 @@
+"""Replicas sharing a CPU node: the node's CPU outside the engines, measured and simulated."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import threading
+import time
+
+import pytest
+
+from tests.test_sim import constant_profile, simulate
+
+pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="reads Linux's /proc")
+
+
+def test_token_cpu_outside_the_engine_slows_a_shared_nodes_steps():
+    # One replica on a one-core node, 10 ms steps, one request at a time: alone a token takes 10 ms. If each
+    # token also costs the node 5 ms of CPU elsewhere (gateway, event loop), the step asks for 1.5 cores of
+    # the one: 15 ms. Without --node-cores the figures are not read.
+    spec = {"duration_s": 120, "rate": 0.5, "prompt_tokens": {"mean": 16}, "output_tokens": {"mean": 10}}
+    prof = dataclasses.replace(constant_profile(0.010), node_token_cpu_table=((1.0, 0.005),))
+    _, plain = simulate(spec, profile=constant_profile(0.010), replicas=1, node_cores=1.0)
+    _, costly = simulate(spec, profile=prof, replicas=1, node_cores=1.0)
+    _, own = simulate(spec, profile=prof, replicas=1)
+    assert plain["tpot_s"]["p50"] == pytest.approx(0.010)
+    assert costly["tpot_s"]["p50"] == pytest.approx(0.015)
+    assert own["tpot_s"]["p50"] == pytest.approx(0.010)
+
+
+def test_node_cpu_is_read_by_streams_and_per_request():
+    prof = dataclasses.replace(constant_profile(), node_token_cpu_table=((16.0, 0.001), (1.0, 0.004)),
+                               node_request_cpu_s=0.002)
+    assert prof.node_token_cpu_table[0] == (1.0, 0.004)  # sorted
+    assert prof.node_cpu_s(1, 10, 0) == pytest.approx(0.040)
+    assert prof.node_cpu_s(64, 10, 2) == pytest.approx(0.010 + 0.004)  # flat beyond the measured streams
+    assert prof.node_cpu_s(8, 1, 0) == pytest.approx(0.004 - 7 / 15 * 0.003)
+    with pytest.raises(ValueError, match="node CPU"):
+        dataclasses.replace(prof, node_request_cpu_s=-1.0)
+
+
+def test_a_start_on_a_busy_shared_node_takes_longer_than_alone():
+    # A spike makes the autoscaler start replicas while the first one is busy. On its own hardware a start
+    # takes the profile's cold_start_s; sharing a one-core node with a busy replica, at most half a core.
+    spec = {"duration_s": 60, "rate": 60, "prompt_tokens": {"mean": 64}, "output_tokens": {"mean": 40}}
+    model = {"autoscaling": {"min_replicas": 1, "max_replicas": 3, "target": 2, "tick_s": 1}}
+    prof = constant_profile(0.010, cold_start_s=5.0)
+    alone, _ = simulate(spec, model, prof)
+    shared, _ = simulate(spec, model, prof, node_cores=1.0)
+    under_load, _ = simulate(spec, model, dataclasses.replace(prof, cold_start_cpu_s=8.0), node_cores=1.0)
+
+    def starts(sim):
+        return [r.ready_s - r.started_s for r in sim.all_replicas[1:]]
+
+    assert starts(alone) and all(d == pytest.approx(5.0) for d in starts(alone))
+    assert starts(shared)[0] >= 9.5  # one core for the busy replica's engine and the start: half each
+    assert starts(under_load)[0] > starts(shared)[0] * 1.4  # paced by the CPU it took beside a serving replica
+
+
+def _spin(seconds: float) -> None:
+    from argosy.server.async_engine import _name_os_thread
+
+    _name_os_thread("argosy-engine")
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
+
+
+def test_the_engine_thread_is_named_for_the_os_and_left_out_of_the_serving_cpu():
+    from argosy.sim.measure_node import serving_cpu_s
+
+    t = threading.Thread(target=_spin, args=(0.4,))
+    serving0, total0 = serving_cpu_s(os.getpid()), time.process_time()
+    t.start()
+    while t.native_id is None:
+        time.sleep(0.001)
+    time.sleep(0.05)
+    with open(f"/proc/self/task/{t.native_id}/comm") as f:
+        assert f.read().strip() == "argosy-engine"
+    t.join()
+    assert time.process_time() - total0 >= 0.35  # the spinning thread's CPU is the process's
+    assert serving_cpu_s(os.getpid()) - serving0 < 0.15  # but not the serving CPU
+
+
+def test_measure_node_behind_a_real_gateway(tmp_path):
+    from argosy.engine.random_model import make_random_model
+    from argosy.sim.measure_node import measure_node
+
+    ckpt = tmp_path / "tiny"
+    make_random_model(ckpt, size="tiny", vocab_size=512)
+    prof = measure_node(str(ckpt), constant_profile(), max_num_seqs=4, token_budget=64, kv_cache_memory_gib=0.05,
+                        prompt_tokens=16, output_tokens=32, requests=48, log=lambda m: None)
+    assert [s for s, _ in prof.node_token_cpu_table] == [1.0, 4.0]  # the streams up to max_num_seqs
+    assert all(cpu >= 0 for _, cpu in prof.node_token_cpu_table)
+    # A token behind a gateway costs tens to hundreds of microseconds of Python, not nothing or a second.
+    assert 1e-5 < prof.node_token_cpu_table[0][1] < 0.05
+    assert prof.node_request_cpu_s >= 0 and prof.cold_start_cpu_s > 0.5
+    assert prof.notes["node"]["start_cpu_s"] == prof.cold_start_cpu_s
+
+
+def test_profile_node_is_for_a_generating_model_on_this_machine(capsys):
+    from argosy.cli import main
+
+    assert main(["profile", "--gpu", "H100", "--model-config", "llama-3.1-8b", "--node"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--node measures a generating model" in err[0]
