@@ -185,6 +185,8 @@ def measure_node(model: str, prof: StepProfile, *, max_num_seqs: int, token_budg
         raise RuntimeError("measuring a node's CPU by thread needs Linux's /proc")
     engine = {"max_num_seqs": max_num_seqs, "max_num_batched_tokens": token_budget,
               "kv_cache_memory_gib": kv_cache_memory_gib}
+    log(f"node CPU: argosy serve with one replica, {requests} requests at each of "
+        f"{', '.join(str(c) for c in CONCURRENCY if c <= max_num_seqs)} streams, then a start under load ...")
     with tempfile.TemporaryDirectory(prefix="argosy-node-") as tmp:
         proc, url = _start_serve(_fleet_file(Path(tmp), model, engine))
         try:
