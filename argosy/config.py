@@ -6,7 +6,6 @@ are errors that name the field, so a typo never silently falls back to a default
 
 from __future__ import annotations
 
-import datetime
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -23,6 +22,8 @@ from pydantic import (
     model_validator,
 )
 
+from argosy.config_gateway import GatewayConfig, GuardrailsConfig, KeyConfig  # gateway:, keys:, guardrails
+from argosy.config_providers import check_provider_options  # providers: (a leaf module)
 from argosy.config_regions import (  # regions and region_routing: a leaf module (docs/regions.md)
     CapacityKind,
     RegionRoutingConfig,
@@ -41,67 +42,6 @@ from argosy.gateway.routing.scorers import SCORERS
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", protected_namespaces=())
-
-
-class TLSConfig(_Strict):
-    cert: str | None = None
-    key: str | None = None
-
-    @model_validator(mode="after")
-    def _both_or_neither(self) -> TLSConfig:
-        if (self.cert is None) != (self.key is None):
-            raise ValueError("tls needs both cert and key (or neither)")
-        return self
-
-
-class GatewayConfig(_Strict):
-    host: str = "127.0.0.1"
-    port: int = Field(8000, ge=0, le=65535)
-    redis_url: str | None = None  # limits, counters, prefix index and in-flight counts shared by gateways
-    tls: TLSConfig = TLSConfig()
-    otlp_endpoint: str | None = None
-    log_content: bool = False  # prompts and outputs are never logged unless true (or a model's debug)
-    health_interval_s: float = Field(2.0, gt=0)  # active health check (and vllm:* scrape) period
-    health_timeout_s: float = Field(2.0, gt=0)
-    eject_after_failures: int = Field(3, ge=1)  # consecutive failures that open an upstream's breaker
-    eject_for_s: float = Field(5.0, gt=0)  # open breaker cooldown before a half-open probe
-    max_retries: int = Field(2, ge=0)  # retries on another upstream for a request that failed before its first byte
-    retry_budget: float = Field(0.2, ge=0)  # retries allowed per request, averaged (plus a burst of 10)
-    connect_timeout_s: float = Field(5.0, gt=0)  # Envoy's cluster connect_timeout default
-    # A hung upstream never holds a request forever. Until the response head (and a stream's first chunk):
-    # 600 s, LiteLLM's request timeout (vllm-router waits 1800 s); a non-streamed answer's head comes only
-    # once the whole completion is done. Between two reads after that: 300 s, Envoy's stream_idle_timeout.
-    first_byte_timeout_s: float = Field(600.0, gt=0)
-    idle_read_timeout_s: float = Field(300.0, gt=0)
-    max_upstream_connections: int = Field(1024, ge=1)  # per upstream: Envoy's max_connections circuit breaker
-    max_body_bytes: int = Field(8 * 1024 * 1024, ge=1)  # request bodies above: 413 (the engine's cap too)
-    request_header_timeout_s: float = Field(30.0, gt=0)  # a request head not complete by then: closed (slow loris)
-    key_pepper_file: str | None = None  # HMAC pepper of key hashes (None: ~/.config/argosy/key-pepper)
-    auth_failures_per_minute: int = Field(30, ge=1)  # per client address; beyond: 429 (auth.py)
-    default_max_tokens: int = Field(256, ge=1)  # token estimate when a request has no max_tokens
-    shared_sync_s: float = Field(0.1, gt=0)  # with redis: period of the in-flight count exchange
-    prices: str | None = None  # price book for keys' spend and budgets (default: argosy/cost/prices.yaml)
-    region: str | None = None  # this gateway's region (a regions[].name; `--region` sets it)
-    # On SIGTERM or Ctrl-C: streams in flight get this long to finish before connections are closed (the
-    # default fits podman's 10 s stop timeout; Kubernetes gives 30 s unless the pod says otherwise).
-    drain_timeout_s: float = Field(8.0, ge=0)
-
-
-class KeyConfig(_Strict):
-    name: str
-    hash: str
-    models: list[str] | None = None  # None: every model
-    rpm: int | None = Field(None, ge=1)  # None: unlimited
-    tpm: int | None = Field(None, ge=1)
-    priority: Literal["interactive", "batch"] = "interactive"
-    budget_usd: float | None = Field(None, gt=0)  # spend at the price book's rates past which requests get 429
-    expires_at: datetime.datetime | None = None  # after this (ISO 8601; UTC when no zone) requests get 401
-    residency: str | None = None  # a jurisdiction (regions[].jurisdiction) its requests never leave
-
-    @field_validator("expires_at")
-    @classmethod
-    def _utc(cls, v: datetime.datetime | None) -> datetime.datetime | None:
-        return v.replace(tzinfo=datetime.UTC) if v is not None and v.tzinfo is None else v
 
 
 class GPUSpec(_Strict):
@@ -218,28 +158,6 @@ class AdmissionConfig(_Strict):
 
 # A guardrail step is a one-key mapping, as in the example file: {pii: redact}, {blocklist: [...]},
 # {regex: [...]}, {max_prompt_tokens: N}, {moderation_url: URL}.
-class GuardrailStep(_Strict):
-    pii: Literal["redact", "block"] | None = None
-    blocklist: list[str] | None = None
-    regex: list[str] | None = None
-    max_prompt_tokens: int | None = Field(None, ge=1)
-    moderation_url: str | None = None
-
-    @model_validator(mode="after")
-    def _exactly_one(self) -> GuardrailStep:
-        set_fields = [k for k, v in self.__dict__.items() if v is not None]
-        if len(set_fields) != 1:
-            raise ValueError(f"a guardrail step has exactly one of pii, blocklist, regex, "
-                             f"max_prompt_tokens, moderation_url (got {set_fields or 'none'})")
-        return self
-
-
-class GuardrailsConfig(_Strict):
-    input: list[GuardrailStep] = []
-    output: list[GuardrailStep] = []
-    stream_window_chars: int = Field(64, ge=1)  # output text held back on streams so a split match is caught
-
-
 class TrafficRoute(_Strict):
     revision: str
     weight: float = Field(ge=0)
@@ -433,63 +351,8 @@ class FleetConfig(_Strict):
         if len(nodes) != len(set(nodes)):
             raise ValueError("nodes: node names must be unique")
         for name, opts in self.providers.items():
-            if name == "ray":
-                _check_options(RayProviderOptions, opts, "providers.ray")
-            elif name == "local":
-                _check_options(LocalProviderOptions, opts, "providers.local")
-            elif name == "kubernetes":
-                _check_options(KubernetesProviderOptions, opts, "providers.kubernetes")
+            check_provider_options(name, opts)
         return self
-
-
-class LocalProviderOptions(_Strict):
-    python: str | None = None  # interpreter for `argosy engine` children (default: this one)
-
-
-class RayProviderOptions(_Strict):
-    address: str | None = None  # an existing cluster (ray://host:10001 or host:6379); None: a local one
-    namespace: str = "argosy"
-    num_cpus: float = Field(1.0, ge=0)  # CPUs each replica actor requests
-
-
-class KubernetesProviderOptions(_Strict):
-    """providers.kubernetes: each replica a Pod (docs/deploy.md, docs/kubernetes.md)."""
-    kubeconfig: str | None = None  # None: the in-cluster service account, else $KUBECONFIG / ~/.kube/config
-    context: str | None = None  # a kubeconfig context (None: its current one)
-    namespace: str | None = None  # None: the controller pod's own namespace (in-cluster), else "default"
-    image: str = "localhost/argosy-cpu:latest"  # the replicas' image (deploy/containers)
-    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
-    image_pull_secrets: list[str] = []
-    service_account: str | None = None  # the replicas' (None: the namespace's default)
-    gpu_resource: str = "nvidia.com/gpu"  # the device plugin's resource name
-    gpu_memory_label: str = "nvidia.com/gpu.memory"  # node label: MiB per GPU (GPU feature discovery's)
-    gpu_product_label: str = "nvidia.com/gpu.product"
-    cpu: str = "1"  # CPU request of a replica (also its limit when cpu_limit is true)
-    cpu_limit: bool = False
-    scheduler_name: str | None = None  # a kube-scheduler profile with Argosy's extender: pods are not pinned
-    node_selector: dict[str, str] = {}
-    tolerations: list[dict[str, Any]] = []
-    labels: dict[str, str] = {}  # extra labels on every replica pod (e.g. for NetworkPolicies)
-    volumes: list[dict[str, Any]] = []  # Kubernetes volume objects, e.g. the PVC that holds checkpoints
-    volume_mounts: list[dict[str, Any]] = []
-    env: dict[str, str] = {}
-    owner_pod: str | None = None  # owner of every replica pod (None: $POD_NAME, the controller's own pod)
-    port: int = Field(8000, ge=1, le=65535)  # the replicas' container port
-    termination_grace_s: int = Field(90, ge=1)  # preStop drain + SIGTERM shutdown must fit in it
-    drain_s: int = Field(60, ge=0)  # preStop: wait this long at most for in-flight requests to finish
-    start_timeout_s: float = Field(900, gt=0)  # scheduling + image pull + load, before the replica counts failed
-    leader_election: bool = False  # several controllers: only the Lease holder starts replicas
-    lease_name: str = "argosy-fleet-controller"
-    lease_duration_s: int = Field(15, ge=2)
-    resync_s: float = Field(30, gt=0)  # full re-list of pods and nodes besides the watches
-
-
-def _check_options(model: type[_Strict], opts: dict[str, Any], where: str) -> None:
-    try:
-        model.model_validate(opts)
-    except ValidationError as e:
-        errs = "; ".join(f"{where}.{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in e.errors())
-        raise ValueError(errs) from None
 
 
 class FleetConfigError(ValueError):

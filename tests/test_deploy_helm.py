@@ -119,7 +119,7 @@ def test_values_become_the_fleet_file(helm, tmp_path):
     assert by_name["Llama-3.1-8B-Instruct"].discover == "prod-argosy-replicas-llama-3-1-8b-instruct.argosy.svc:8000"
     assert by_name["external"].discover is None and by_name["external"].upstreams == ["http://vllm.other.svc:8000"]
     # The headless Service selects the labels the provider puts on that model's pods.
-    from argosy.config import KubernetesProviderOptions
+    from argosy.config_providers import KubernetesProviderOptions
     from argosy.fleet.kubernetes_pods import replica_pod
 
     pod = replica_pod("p", "r1", "Llama-3.1-8B-Instruct", "/models/l", [], {}, None,

@@ -95,7 +95,7 @@ def test_scale_up_makes_one_leader_worker_set_with_a_stage_on_each_node(kube):
 
 
 def test_stages_that_share_gpus_by_memory_each_name_their_own():
-    from argosy.config import KubernetesProviderOptions
+    from argosy.config_providers import KubernetesProviderOptions
     from argosy.fleet import kubernetes_pods as pods
     from argosy.fleet.placement import Placement
 

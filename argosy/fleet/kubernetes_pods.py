@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import re
 
-from argosy.config import KubernetesProviderOptions
+from argosy.config_providers import KubernetesProviderOptions
 from argosy.fleet.placement import GPU, Need, Node, Placement
 
 GIB = 1024 ** 3

@@ -20,7 +20,7 @@ import logging
 import os
 import secrets
 
-from argosy.config import KubernetesProviderOptions
+from argosy.config_providers import KubernetesProviderOptions
 from argosy.fleet import kubernetes_groups as groups
 from argosy.fleet import kubernetes_pods as pods
 from argosy.fleet.kubernetes_watch import ClusterWatch

@@ -12,7 +12,7 @@ import logging
 import threading
 import time
 
-from argosy.config import KubernetesProviderOptions
+from argosy.config_providers import KubernetesProviderOptions
 
 log = logging.getLogger("argosy.fleet")
 

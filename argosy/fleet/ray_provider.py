@@ -21,7 +21,7 @@ import subprocess
 import sys
 import time
 
-from argosy.config import RayProviderOptions
+from argosy.config_providers import RayProviderOptions
 from argosy.fleet.placement import GPU, Node, Placement
 from argosy.fleet.replica import Replica
 

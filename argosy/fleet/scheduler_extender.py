@@ -26,7 +26,7 @@ import asyncio
 import json
 import logging
 
-from argosy.config import KubernetesProviderOptions
+from argosy.config_providers import KubernetesProviderOptions
 from argosy.fleet.kubernetes_pods import LABEL, node_from_k8s
 from argosy.fleet.placement import Need, Node, Placement, Placer, Unplaceable
 

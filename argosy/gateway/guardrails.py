@@ -10,7 +10,7 @@ import re
 
 import aiohttp
 
-from argosy.config import GuardrailsConfig, GuardrailStep
+from argosy.config_gateway import GuardrailsConfig, GuardrailStep
 from argosy.gateway.errors import GatewayError, unavailable
 
 CARD = re.compile(r"(?<!\d)\d(?:[ -]?\d){12,18}(?!\d)")
