@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -101,16 +100,9 @@ def capacity(prof, fleet_path: Path, node_cores: float) -> float:
 
 def serve_and_bench(fleet_path: Path, trace: Path, out: Path) -> list[tuple[float, int]]:
     """A fresh `argosy serve`, the trace through `argosy bench`, the ready-replica count each second."""
-    proc = subprocess.Popen([sys.executable, "-m", "argosy.cli", "serve", "--config", str(fleet_path), "--port", "0"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    url = None
-    for line in proc.stdout:
-        if "gateway listening on " in line:
-            url = line.split("gateway listening on ", 1)[1].split(";")[0].strip()
-            break
-    if url is None:
-        raise RuntimeError("argosy serve did not start")
-    threading.Thread(target=lambda: [None for _ in proc.stdout], daemon=True).start()  # keep its pipe drained
+    from argosy.sim.measure_node import start_serve, stop_serve
+
+    proc, url = start_serve(fleet_path)  # returns once a replica is ready
     counts: list[tuple[float, int]] = []
     stop = threading.Event()
 
@@ -128,21 +120,13 @@ def serve_and_bench(fleet_path: Path, trace: Path, out: Path) -> list[tuple[floa
             stop.wait(1.0)
 
     try:
-        while True:
-            try:
-                if ready() >= 1:
-                    break
-            except OSError:
-                pass
-            time.sleep(0.5)
         t0 = time.monotonic()
         threading.Thread(target=poll, args=(t0,), daemon=True).start()
         subprocess.run([sys.executable, "-m", "argosy.cli", "bench", "--url", url, "--model", "builtin", "--trace",
                         str(trace), "--seed", "1", "-o", str(out)], check=True, stdout=subprocess.DEVNULL)
     finally:
         stop.set()
-        os.killpg(proc.pid, signal.SIGINT)
-        proc.wait(timeout=120)
+        stop_serve(proc)
     return counts
 
 

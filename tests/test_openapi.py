@@ -75,7 +75,7 @@ def test_replica_document_is_complete_and_truthful(tiny_llama):
 
 def gateway_routes() -> set[tuple[str, str]]:
     """(METHOD, path) the gateway's route table serves; a prefix route as its document template."""
-    from argosy.gateway.app import PREFIX_ROUTES, ROUTES
+    from argosy.gateway.routes import PREFIX_ROUTES, ROUTES
 
     served = {(m, p.rstrip("/") or "/") for m, p in ROUTES}
     templates = {"/admin/keys/": {"DELETE": "/admin/keys/{name}", "POST": "/admin/keys/{name}/rotate"},

@@ -94,7 +94,7 @@ def test_measure_node_behind_a_real_gateway(tmp_path):
     assert all(cpu >= 0 for _, cpu in prof.node_token_cpu_table)
     # A token behind a gateway costs tens to hundreds of microseconds of Python, not nothing or a second.
     assert 1e-5 < prof.node_token_cpu_table[0][1] < 0.05
-    assert prof.node_request_cpu_s >= 0 and prof.cold_start_cpu_s > 0.5
+    assert prof.cold_start_cpu_s > 0.5  # a start takes seconds of CPU (imports, load, warm-up)
     assert prof.notes["node"]["start_cpu_s"] == prof.cold_start_cpu_s
 
 
@@ -104,3 +104,16 @@ def test_profile_node_is_for_a_generating_model_on_this_machine(capsys):
     assert main(["profile", "--gpu", "H100", "--model-config", "llama-3.1-8b", "--node"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--node measures a generating model" in err[0]
+
+
+def test_measure_node_names_why_serve_did_not_start(tmp_path):
+    from argosy.sim.measure_node import measure_node
+
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError, match="argosy serve did not start: .*no checkpoint"):
+        measure_node(str(tmp_path / "missing"), constant_profile(), max_num_seqs=4, token_budget=64,
+                     kv_cache_memory_gib=0.05, log=lambda m: None)
+    assert time.monotonic() - t0 < 60  # at once, not after the readiness timeout
+    with pytest.raises(ValueError, match="output_tokens"):
+        measure_node(str(tmp_path / "missing"), constant_profile(), max_num_seqs=4, token_budget=64,
+                     kv_cache_memory_gib=0.05, output_tokens=8, log=lambda m: None)

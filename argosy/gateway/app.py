@@ -1,5 +1,5 @@
-"""The gateway's ASGI app: a route table (method and path -> handler) over the OpenAI endpoints (proxied),
-/v1/models, /health, /metrics, the dashboard and /admin/*; and a proxied request as its steps.
+"""The gateway's ASGI app: requests dispatched by the route table (gateway/routes.py), and a proxied request
+(the OpenAI endpoints) as its steps.
 
 A plain ASGI callable rather than a framework router: the per-request path is the product here.
 Per request: authenticate, read and check the body, input guardrails, per-key limits, admission,
@@ -12,14 +12,14 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 
 import aiohttp
 from prometheus_client import CollectorRegistry
 
 from argosy.config import FleetConfig
 from argosy.cost.prices import load_prices
-from argosy.gateway import admin, dashboard, endpoints, rollout_api
+from argosy.gateway import admin
 from argosy.gateway.accounting import account, key_class
 from argosy.gateway.admission import PRIORITY
 from argosy.gateway.asgi import Receive, Scope, Send, header, respond
@@ -33,7 +33,7 @@ from argosy.gateway.components import (
     tei_error_body,
     with_tei_model,
 )
-from argosy.gateway.errors import GatewayError, method_not_allowed, not_found, rate_limited
+from argosy.gateway.errors import GatewayError, rate_limited
 from argosy.gateway.fleet_view import FleetView
 from argosy.gateway.health import HealthChecker
 from argosy.gateway.key_sync import KeySync
@@ -44,13 +44,13 @@ from argosy.gateway.model_cards import ModelCards
 from argosy.gateway.prefix_index import PrefixIndex
 from argosy.gateway.proxy import Call, Proxy
 from argosy.gateway.ratelimit import MemoryLimiter, RedisLimiter
-from argosy.gateway.regions import endpoints as region_endpoints
 from argosy.gateway.regions.exchange import RegionExchange
 from argosy.gateway.regions.forwarding import regional, serve_elsewhere
 from argosy.gateway.regions.metrics import RegionMetrics
 from argosy.gateway.regions.service import Regions
 from argosy.gateway.revision_stats import LIVE, RequestSample, output_tokens
 from argosy.gateway.router import RouteRequest
+from argosy.gateway.routes import handler_for
 from argosy.gateway.scraper import ReplicaScraper
 from argosy.gateway.shadow import Shadower
 from argosy.gateway.traffic import ModelRuntime, UpstreamRegistry
@@ -61,8 +61,6 @@ from argosy.observe.sampler import Sampler
 from argosy.observe.tracing import make_tracing
 
 log = logging.getLogger("argosy.gateway")
-PROXIED = ("/v1/chat/completions", "/v1/completions", *sorted(ENCODER_PATHS))
-Handler = Callable[["Gateway", Scope, Receive, Send], Awaitable[None]]
 
 
 class Gateway:
@@ -369,51 +367,3 @@ class Gateway:
         if rt.cfg.debug or self.log_content:
             log.info("response model=%s status=%s body=%s", rt.name, call.status,
                      b"".join(call.output)[:4000].decode(errors="replace"))
-
-
-ROUTES: dict[tuple[str, str], Handler] = {
-    **{("POST", path): Gateway.proxied for path in PROXIED},
-    ("GET", "/health"): endpoints.health,
-    ("GET", "/openapi.json"): endpoints.openapi,  # every route here is in it (gateway/openapi.py)
-    ("HEAD", "/health"): endpoints.health,
-    ("GET", "/v1/models"): endpoints.list_models,
-    ("GET", "/metrics"): endpoints.metrics,
-    ("GET", "/metrics/targets"): endpoints.metrics_targets,
-    ("GET", "/dashboard"): dashboard.page,
-    ("GET", "/dashboard/"): dashboard.page,
-    ("GET", "/dashboard/data"): dashboard.data,
-    ("GET", "/admin/upstreams"): admin.list_upstreams,
-    ("POST", "/admin/upstreams"): admin.add_upstream,
-    ("DELETE", "/admin/upstreams"): admin.remove_upstream,
-    ("GET", "/admin/keys"): admin.list_keys,
-    ("POST", "/admin/keys"): admin.create_key,
-    ("GET", "/admin/fleet"): admin.fleet_status,
-    ("POST", "/regions/exchange"): region_endpoints.exchange,
-    ("GET", "/admin/regions"): region_endpoints.status,
-    ("POST", "/admin/preempt"): region_endpoints.preempt,
-    ("GET", "/admin/rollouts"): rollout_api.list_rollouts,
-    ("GET", "/admin/shadow"): rollout_api.shadow_report,
-}
-PREFIX_ROUTES: list[tuple[str, str, Handler]] = [  # a path under a folder: the handler reads the rest
-    ("DELETE", "/admin/keys/", admin.revoke_key),
-    ("POST", "/admin/keys/", admin.rotate_key),
-    ("GET", "/admin/rollouts/", rollout_api.get_rollout),
-    ("POST", "/admin/rollouts/", rollout_api.command),
-    ("GET", "/admin/shadow/", rollout_api.shadow_report),
-    ("GET", "/dashboard/", dashboard.static_file),
-]
-
-
-def handler_for(method: str, path: str) -> Handler:
-    """The handler for a request; a 404 for an unknown path, a 405 for a known path and another method."""
-    handler = ROUTES.get((method, path))
-    if handler is not None:
-        return handler
-    for m, prefix, h in PREFIX_ROUTES:
-        if m == method and path.startswith(prefix) and len(path) > len(prefix):
-            return h
-    allowed = sorted({m for m, p in ROUTES if p == path} |
-                     {m for m, prefix, _ in PREFIX_ROUTES if path.startswith(prefix) and len(path) > len(prefix)})
-    if allowed:
-        raise method_not_allowed(method, path, allowed)
-    raise not_found(f"no route {method} {path}")

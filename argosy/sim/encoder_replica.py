@@ -36,12 +36,8 @@ class EncoderSimReplica:
         self.requests: dict[str, SimRequest] = {}
         self.busy_s = self.prefill_s = 0.0
         self.itl: list[tuple[float, int]] = []  # none: nothing is decoded
-        # A batch's time multiplier, given its seconds and node CPU seconds (FleetSim.cpu_share, --node-cores).
+        # A batch's time multiplier, given its seconds and node CPU seconds (SharedNode.step_factor, --node-cores).
         self.slowdown: Callable[[float, float], float] | None = None
-        self.cpu_demand = 0.0
-        # A start on a shared node (FleetSim.pace_starts): one core's seconds left, as of start_mark, at pace.
-        self.start_left = self.start_mark = 0.0
-        self.start_pace, self.start_version = 1.0, 0
 
     def now_starting(self, now: float) -> bool:
         return now < self.ready_s

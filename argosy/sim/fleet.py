@@ -15,9 +15,9 @@ them (Router.needs_gauges) or the autoscaler's metric does (ScalingMetric.needs_
 
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
-from dataclasses import dataclass
 
 from argosy.config import FleetConfig, ModelConfig
 from argosy.encoder.config import CPU_BATCH_TOKENS, CUDA_BATCH_TOKENS
@@ -31,29 +31,11 @@ from argosy.sim.encoder_replica import EncoderSimReplica
 from argosy.sim.profile import StepProfile
 from argosy.sim.regions import SimRegions
 from argosy.sim.replica import SimReplica, SimRequest
+from argosy.sim.settings import SimSettings
+from argosy.sim.shared_node import SharedNode
 from argosy.sim.traffic import Requests, TrafficSpec
 
 STEP, READY, TICK, FAIL, RECOVER, SAMPLE, DEADLINE = range(7)
-
-
-@dataclass(frozen=True)
-class SimSettings:
-    replicas: int | None = None  # fixed replicas per region; None: the autoscaler decides
-    replicas_by_region: tuple[tuple[str, int], ...] = ()  # with `replicas`: these regions' own fixed counts
-    sample_s: float = 1.0  # timeline resolution
-    drain_limit_s: float = 600.0  # after the last arrival, stop simulating in-flight requests after this
-    initial_replicas: tuple[tuple[str, int], ...] = ()  # (region, ready replicas at t=0) with the autoscaler
-    # Replicas started before this time are ready at once: a week level's warm-up stands for the hours
-    # before it, in which the autoscaler had time to follow the slow diurnal change.
-    instant_start_until_s: float = 0.0
-    # CPU replicas sharing one node of node_cores cores (None: every replica has its own hardware). Each busy
-    # replica asks for replica_threads cores plus the CPU its tokens cost outside the engine (the profile's
-    # node_token_cpu_table and node_request_cpu_s: the gateway, event loops, a load generator on the node), a
-    # replica still starting for one core; while they ask for more than node_cores, every step runs that
-    # much slower (a step's time is scaled when it starts; a run of decode steps keeps its factor), and a
-    # cold start is stretched by the factor at its start.
-    node_cores: float | None = None
-    replica_threads: float = 1.0
 
 
 class Region:
@@ -101,24 +83,9 @@ class FleetSim:
         self.by_name: dict[str, SimReplica] = {}
         self.region_routing = SimRegions(fleet, model, spec, lambda: self.now, spec.seed) \
             if fleet is not None and fleet.regions else None
-
-    def node_demand(self, rep: SimReplica | None = None) -> float:
-        """Cores asked for by every replica but `rep`: busy ones' engines and token CPU, starting ones' one."""
-        now, total = self.now, 0.0
-        for r in self.all_replicas:
-            if r is rep or r.stopped_s is not None:
-                continue
-            if r.busy:
-                total += r.cpu_demand
-            elif r.now_starting(now):
-                total += 1.0  # a replica's start (imports, load, warm-up) is one busy thread
-        return total
-
-    def cpu_share(self, rep: SimReplica, seconds: float, cpu: float) -> float:
-        """The time multiplier of `rep`'s step of `seconds` (as profiled) whose tokens cost the node `cpu`
-        CPU seconds outside the engine: the node's cores over what every replica asks for, when short."""
-        rep.cpu_demand = self.s.replica_threads + (cpu / seconds if seconds > 0 else 0.0)
-        return max(1.0, (rep.cpu_demand + self.node_demand(rep)) / self.s.node_cores)
+        self.node = None if settings.node_cores is None else SharedNode(
+            settings.node_cores, settings.replica_threads, profile,
+            lambda: (r for region in self.regions for r in region.replicas))
 
     def fixed_replicas(self, region: str) -> int:
         return dict(self.s.replicas_by_region).get(region, self.s.replicas or 0)
@@ -140,14 +107,13 @@ class FleetSim:
             budget = e.max_num_batched_tokens or (CPU_BATCH_TOKENS if on_cpu else CUDA_BATCH_TOKENS)
         rep = self.replica_class(f"{region.name}-{next(self.ids)}", region.idx, self.profile, e.max_num_seqs,
                                  budget, now, ready, self.prefix_tokens)
-        if self.s.node_cores is not None:
-            rep.slowdown = lambda seconds, cpu, rep=rep: self.cpu_share(rep, seconds, cpu)
+        if self.node is not None:
+            rep.slowdown = functools.partial(self.node.step_factor, rep)
         region.replicas.append(rep)
         self.all_replicas.append(rep)
         self.by_name[rep.name] = rep
-        if cold and self.s.node_cores is not None:  # its start shares the node's cores: see pace_starts
-            rep.start_left = self.profile.cold_start_cpu_s or self.profile.cold_start_s
-            rep.start_mark, rep.start_pace = now, 1.0
+        if cold and self.node is not None:  # its start shares the node's cores: paced by SharedNode
+            self.node.start(rep, now)
             self.pace_starts()
         elif cold:
             self.push(ready, READY, rep)
@@ -156,19 +122,8 @@ class FleetSim:
         return rep
 
     def pace_starts(self) -> None:
-        """On a shared node, a replica's start is one core's work (the profile's cold_start_cpu_s, measured
-        beside a serving replica; else cold_start_s, measured alone), done at the share of a core it gets:
-        re-paced whenever a replica starts and at each autoscaler tick."""
-        now = self.now
-        for rep in self.all_replicas:
-            if rep.stopped_s is not None or rep.start_left <= 0.0 or not rep.now_starting(now):
-                continue
-            rep.start_left -= (now - rep.start_mark) / rep.start_pace
-            rep.start_mark = now
-            rep.start_pace = max(1.0, (1.0 + self.node_demand(rep)) / self.s.node_cores)
-            rep.ready_s = now + max(rep.start_left, 0.0) * rep.start_pace
-            rep.start_version += 1
-            self.push(rep.ready_s, READY, rep, rep.start_version)
+        for ready, rep, version in self.node.pace(self.now):
+            self.push(ready, READY, rep, version)
 
     def make_ready(self, rep: SimReplica) -> None:
         region = self.regions[rep.region]
@@ -184,6 +139,8 @@ class FleetSim:
         region = self.regions[rep.region]
         rep.stopped_s = self.now
         region.replicas.remove(rep)
+        if self.node is not None:
+            self.node.forget(rep)
         if region.upstreams.pop(rep.name, None) is not None:
             region.router.set_upstreams(list(region.upstreams.values()))
         if not rep.requests:
@@ -407,14 +364,13 @@ class FleetSim:
                 if version == obj.version and obj.stopped_s is None:
                     self.on_step(obj)
             elif kind == READY:
-                if version == obj.start_version:  # else re-paced since (pace_starts)
-                    obj.start_left = 0.0
+                if self.node is None or self.node.started(obj, version):  # else re-paced since
                     self.make_ready(obj)
             elif kind in (TICK, SAMPLE):
                 if t > duration and not any(r.requests for r in self.all_replicas if r.stopped_s is None):
                     continue  # arrivals are over and everything finished: let the loop end
                 if kind == TICK:
-                    if self.s.node_cores is not None:
+                    if self.node is not None:
                         self.pace_starts()
                     self.on_tick(obj)
                     self.push(t + a.tick_s, TICK, obj)

@@ -28,7 +28,9 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
@@ -50,18 +52,23 @@ def _tree(root: int) -> list[int]:
     return pids
 
 
+def _cpu_s(stat: str) -> float:
+    """utime + stime from a /proc/.../stat line, in seconds."""
+    fields = stat[stat.rindex(")") + 2:].split()
+    return (int(fields[11]) + int(fields[12])) * TICK_S
+
+
 def serving_cpu_s(root: int) -> float:
     """CPU seconds used so far by every thread under `root` (processes included) but the engines'."""
-    total = 0
+    total = 0.0
     for pid in _tree(root):
         with contextlib.suppress(OSError):
             for tid in os.listdir(f"/proc/{pid}/task"):
                 with contextlib.suppress(OSError), open(f"/proc/{pid}/task/{tid}/stat") as f:
                     stat = f.read()
-                name, fields = stat[stat.index("(") + 1:stat.rindex(")")], stat[stat.rindex(")") + 2:].split()
-                if name != ENGINE_THREAD:
-                    total += int(fields[11]) + int(fields[12])  # utime + stime, in clock ticks
-    return total * TICK_S
+                    if stat[stat.index("(") + 1:stat.rindex(")")] != ENGINE_THREAD:
+                        total += _cpu_s(stat)
+    return total
 
 
 def _children_cpu_s() -> float:
@@ -78,45 +85,47 @@ def _fleet_file(tmp: Path, model: str, engine: dict) -> Path:
     return path
 
 
-def _start_serve(fleet: Path, timeout_s: float = 180.0) -> tuple[subprocess.Popen, str]:
+def start_serve(fleet: Path, timeout_s: float = 180.0) -> tuple[subprocess.Popen, str]:
+    """`argosy serve --config fleet` on a free port, in its own session; returns once a replica is ready."""
     proc = subprocess.Popen([sys.executable, "-m", "argosy.cli", "serve", "--config", str(fleet), "--port", "0"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    deadline, url = time.monotonic() + timeout_s, None
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        if "gateway listening on " in line:
-            url = line.split("gateway listening on ", 1)[1].split(";")[0].strip()
-            break
-        if time.monotonic() > deadline:
-            break
-    if url is None:
-        _stop(proc)
-        raise RuntimeError("argosy serve did not start while measuring the node's serving CPU")
-    import threading
+    deadline, found, urls, last = time.monotonic() + timeout_s, threading.Event(), [], [""]
 
-    threading.Thread(target=lambda: [None for _ in proc.stdout], daemon=True).start()  # keep its pipe drained
+    def read() -> None:  # finds the gateway's address, then keeps the pipe drained
+        for line in proc.stdout:
+            last[0] = line.strip() or last[0]
+            if not found.is_set() and "gateway listening on " in line:
+                urls.append(line.split("gateway listening on ", 1)[1].split(";")[0].strip())
+                found.set()
+        found.set()  # the process ended
+
+    threading.Thread(target=read, daemon=True).start()
+    found.wait(timeout_s)
+    if not urls:
+        stop_serve(proc)
+        raise RuntimeError(f"argosy serve did not start: {last[0] or 'no output'}")
+    url = urls[0]
     while time.monotonic() < deadline:
         try:
-            with _urlopen(url + "/admin/fleet") as r:
+            with urllib.request.urlopen(url + "/admin/fleet", timeout=2) as r:
                 reps = json.loads(r.read())["models"][0]["replicas"]
             if any(rep["state"] == "ready" for rep in reps):
                 return proc, url
+            failed = [rep for rep in reps if rep["state"] == "failed"]
+            if failed:
+                stop_serve(proc)
+                raise RuntimeError(f"the replica behind argosy serve failed: {failed[0].get('detail') or 'no detail'}")
         except OSError:
             pass
         if proc.poll() is not None:
             break
         time.sleep(0.3)
-    _stop(proc)
+    stop_serve(proc)
     raise RuntimeError("the replica behind argosy serve was not ready in time")
 
 
-def _urlopen(url: str):
-    import urllib.request
-
-    return urllib.request.urlopen(url, timeout=2)
-
-
-def _stop(proc: subprocess.Popen) -> None:
+def stop_serve(proc: subprocess.Popen) -> None:
+    """Ctrl-C to the serve process's session (it stops its replicas in order); SIGKILL after a minute."""
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGINT)
     try:
@@ -142,12 +151,6 @@ def _run(url: str, root: int, concurrency: int, n: int, prompt_tokens: int, outp
     return cpu, sum(r["output_tokens"] for r in ok), len(ok)
 
 
-def _process_cpu_s(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) * TICK_S
-
-
 def _start_cpu_under_load(url: str, model: str, engine: dict, prompt_tokens: int, output_tokens: int,
                           tmp: Path) -> float:
     """CPU seconds a replica takes from its start to /ready while the node serves (closed loop, 4 streams).
@@ -168,7 +171,8 @@ def _start_cpu_under_load(url: str, model: str, engine: dict, prompt_tokens: int
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             wait_ready(f"http://127.0.0.1:{port}", replica)
-            return _process_cpu_s(replica.pid)
+            with open(f"/proc/{replica.pid}/stat") as f:
+                return _cpu_s(f.read())
         finally:
             replica.terminate()
             replica.wait(timeout=30)
@@ -183,12 +187,14 @@ def measure_node(model: str, prof: StepProfile, *, max_num_seqs: int, token_budg
     """`prof` with the node's CPU per output token (by concurrency) and per request outside the engines."""
     if not os.path.isdir(f"/proc/{os.getpid()}/task"):
         raise RuntimeError("measuring a node's CPU by thread needs Linux's /proc")
+    if output_tokens < 2 * SHORT_OUTPUT:  # the per-request split needs outputs well apart in length
+        raise ValueError(f"output_tokens must be at least {2 * SHORT_OUTPUT} to measure the node's CPU")
     engine = {"max_num_seqs": max_num_seqs, "max_num_batched_tokens": token_budget,
               "kv_cache_memory_gib": kv_cache_memory_gib}
     log(f"node CPU: argosy serve with one replica, {requests} requests at each of "
         f"{', '.join(str(c) for c in CONCURRENCY if c <= max_num_seqs)} streams, then a start under load ...")
     with tempfile.TemporaryDirectory(prefix="argosy-node-") as tmp:
-        proc, url = _start_serve(_fleet_file(Path(tmp), model, engine))
+        proc, url = start_serve(_fleet_file(Path(tmp), model, engine))
         try:
             # A warm-up run first: the first requests pay for lazy imports and connection set-up.
             _run(url, proc.pid, 4, 16, prompt_tokens, output_tokens, Path(tmp) / "warm.json")
@@ -204,7 +210,7 @@ def measure_node(model: str, prof: StepProfile, *, max_num_seqs: int, token_budg
                     for c in CONCURRENCY if c <= max_num_seqs}
             start_cpu = _start_cpu_under_load(url, model, engine, prompt_tokens, output_tokens, Path(tmp))
         finally:
-            _stop(proc)
+            stop_serve(proc)
     (cpu_s, tok_s, n_s), (cpu_l, tok_l, n_l) = short, runs[1]
     # cpu = n x per_request + tokens x per_token, from two runs with different tokens per request
     per_token_1 = (cpu_l / n_l - cpu_s / n_s) / (tok_l / n_l - tok_s / n_s)

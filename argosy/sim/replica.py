@@ -74,13 +74,8 @@ class SimReplica:
         self.requests: dict[int, SimRequest] = {}  # seq_id -> request
         self.busy_s = self.prefill_s = 0.0
         # Replicas sharing a node's cores: given a step's profiled seconds and the node CPU seconds its
-        # tokens cost outside the engine, its time multiplier, read when it starts (FleetSim.cpu_share);
-        # cpu_demand is the cores it asked for.
+        # tokens cost outside the engine, its time multiplier, read when it starts (SharedNode.step_factor).
         self.slowdown: Callable[[float, float], float] | None = None
-        self.cpu_demand = 0.0
-        # A start on a shared node (FleetSim.pace_starts): one core's seconds left, as of start_mark, at pace.
-        self.start_left = self.start_mark = 0.0
-        self.start_pace, self.start_version = 1.0, 0
         self.itl: list[tuple[float, int]] = []  # (inter-token gap, tokens with that gap)
 
     def now_starting(self, now: float) -> bool:

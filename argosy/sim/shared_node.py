@@ -1,0 +1,78 @@
+"""CPU replicas sharing one node's cores in the simulation (`argosy sim --node-cores`, docs/sim.md).
+
+Each busy replica asks for its engine's threads plus the CPU its step's tokens cost the node outside
+the engine (the profile's node_token_cpu_table and node_request_cpu_s: the gateway, the event loops, a
+load generator on the node); a replica that is starting asks for one core. While they ask for more than
+the node has, every step runs (asked / cores) times slower than profiled: its time is scaled when it
+starts, and a run of decode steps keeps the factor it started with. A start is one core's work (the
+profile's cold_start_cpu_s, measured beside a serving replica; else cold_start_s, measured alone) done at
+the share of a core it gets, re-paced whenever a replica starts and at each autoscaler tick.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from argosy.sim.profile import StepProfile
+
+
+@dataclass
+class _Start:
+    left_s: float  # one core's seconds of work left, as of `mark`
+    mark: float
+    pace: float = 1.0  # wall seconds per core second since `mark`
+    version: int = 0  # of the READY event that stands
+
+
+class SharedNode:
+    def __init__(self, cores: float, replica_threads: float, profile: StepProfile,
+                 live: Callable[[], Iterable]):
+        self.cores, self.threads, self.profile = cores, replica_threads, profile
+        self.live = live  # the replicas not stopped (starting, ready, draining)
+        self.demand: dict = {}  # replica -> cores its step in progress asks for
+        self.starts: dict = {}  # starting replica -> _Start
+
+    def asked(self, but=None) -> float:
+        """Cores asked for by every live replica but `but`."""
+        total = 0.0
+        for r in self.live():
+            if r is but:
+                continue
+            if r.busy:
+                total += self.demand.get(r, self.threads)
+            elif r in self.starts:
+                total += 1.0  # a replica's start (imports, load, warm-up) is one busy thread
+        return total
+
+    def step_factor(self, rep, seconds: float, cpu: float) -> float:
+        """The time multiplier of `rep`'s step of `seconds` (as profiled) whose tokens cost the node `cpu`
+        CPU seconds outside the engine."""
+        self.demand[rep] = self.threads + (cpu / seconds if seconds > 0 else 0.0)
+        return max(1.0, (self.demand[rep] + self.asked(rep)) / self.cores)
+
+    def start(self, rep, now: float) -> None:
+        self.starts[rep] = _Start(self.profile.cold_start_cpu_s or self.profile.cold_start_s, now)
+
+    def pace(self, now: float) -> list[tuple[float, object, int]]:
+        """Re-paces every start at the share of a core it gets now: (ready time, replica, version) each."""
+        events = []
+        for rep, s in self.starts.items():
+            s.left_s -= (now - s.mark) / s.pace
+            s.mark, s.pace, s.version = now, max(1.0, (1.0 + self.asked(rep)) / self.cores), s.version + 1
+            rep.ready_s = now + max(s.left_s, 0.0) * s.pace
+            events.append((rep.ready_s, rep, s.version))
+        return events
+
+    def started(self, rep, version: int) -> bool:
+        """A READY event for `rep`: True (and its start is over) unless a later pacing replaced it."""
+        s = self.starts.get(rep)
+        if s is None or s.version != version:
+            return False
+        del self.starts[rep]
+        return True
+
+    def forget(self, rep) -> None:
+        """`rep` is stopped."""
+        self.demand.pop(rep, None)
+        self.starts.pop(rep, None)
