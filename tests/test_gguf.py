@@ -257,15 +257,16 @@ def test_quantized_kernels_give_the_dequantized_float_model_tokens(tmp_path, lla
 
 def test_quant_batch_dtype_reaches_every_quantized_layer(tmp_path, llama_folder, monkeypatch):
     path = str(hf_to_gguf(llama_folder, tmp_path / "q8.gguf", "Q8_0"))
-    expected = {"float32": False, "auto": quant_kernels.bf16_products_available()}
+    kinds = set(quant_kernels.KERNEL_TYPES)
+    expected = {"float32": set(), "auto": kinds - {0} if quant_kernels.bf16_products_available() else set()}
     if quant_kernels.bf16_products_available():
-        expected["bfloat16"] = True
+        expected["bfloat16"] = kinds  # F32 (0) too, only when asked for
     logits = {}
     for choice, bf16 in expected.items():
         with LLM(path, kv_cache_memory_gib=0.05, quant_batch_dtype=choice) as llm:
             model = llm.engine.runner.model
             layers = [m for m in model.modules() if isinstance(m, QuantLinear)]
-            assert layers and all(m.bf16_batches is bf16 for m in layers)
+            assert layers and all(m.bf16_batch_types == bf16 for m in layers)
             rows = torch.randn(5, layers[-1].in_features, generator=torch.Generator().manual_seed(0))
             with torch.no_grad():  # a batch of 5 rows through the output layer
                 logits[choice] = model.lm_head(rows)

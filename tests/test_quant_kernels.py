@@ -1,5 +1,5 @@
 """The quantized CPU kernels (csrc/quant_matmul.c): GGML's dequantization bit for bit, products against float64
-(block types, and F16 and BF16 rows kept in 2 bytes a weight)."""
+(block types, F16 and BF16 rows kept in 2 bytes a weight, and F32 rows)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ def random_blocks(qtype: int, rows: int, cols: int, seed: int = 0) -> np.ndarray
     finite float16 scales (the K-quants, which its numpy code only dequantizes)."""
     rng = np.random.default_rng(seed)
     t = gguf.GGMLQuantizationType(qtype)
-    if qtype in (8, 2, 3, 1, 30):  # F16 comes back as float16 values, the others as bytes
+    if qtype in (8, 2, 3, 0, 1, 30):  # F32 and F16 come back as float values, the others as bytes
         return gguf.quants.quantize(rng.standard_normal((rows, cols)).astype(np.float32), t).view(np.uint8)
     _, per_block, nbytes = KERNEL_TYPES.get(qtype, (None, 256, 210))
     blocks = rng.integers(0, 256, (rows, cols // per_block, nbytes), dtype=np.uint8)

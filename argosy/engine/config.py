@@ -66,12 +66,13 @@ class EngineConfig:
     # GGUF file's quantized tensors stay as they are without it.
     quantization: str | None = setting(None, "CPU: quantize a float checkpoint's linear layers at load (q8_0 or "
                                              "q4_0); a GGUF file keeps its own", choices=("q8_0", "q4_0"))
-    # CPU, weights kept in their GGUF type (GGML blocks, F16, BF16): a batch's products (3 or more rows:
+    # CPU, weights kept in their GGUF type (GGML blocks, F16, BF16, F32): a batch's products (3 or more rows:
     # prefill, several decodes) can take bfloat16 operands with float32 sums, about twice as fast where the
-    # CPU has AVX512-BF16 (vdpbf16ps); one or two rows always keep float32. See docs/gguf.md.
+    # CPU has AVX512-BF16 (vdpbf16ps); one or two rows always keep float32, and so do F32 weights under
+    # auto (a float32 file gives the float32 model's tokens). See docs/gguf.md.
     quant_batch_dtype: str = setting(
-        "auto", "CPU, GGUF weights kept quantized or 16-bit: operands of batched products (3+ rows): bfloat16 "
-        "(float32 sums, ~2x), float32, or auto: bfloat16 where the CPU has AVX512-BF16",
+        "auto", "CPU, GGUF weights kept in their file type: operands of batched products (3+ rows): bfloat16 "
+        "(float32 sums, ~2x), float32, or auto: bfloat16 where the CPU has AVX512-BF16, F32 weights excepted",
         choices=("auto", "bfloat16", "float32"))
     # The attention kernels (engine/attention/): None picks the best registered one for the device and dtype
     # (triton on CUDA where triton is installed, cpu_kernel on the CPU in float32, else sdpa).

@@ -41,7 +41,7 @@ def pad_rows(t: torch.Tensor) -> torch.Tensor:
     return F.pad(t, (0, 0, 0, missing)) if missing else t
 
 
-def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+def onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     return torch.ops.mkldnn._linear_pointwise(pad_rows(x), weight, bias, "none", [], "")[: x.shape[0]]
 
 
@@ -54,7 +54,7 @@ def onednn_linear_works(dtype: torch.dtype) -> bool:
         w, b = torch.randn(40, 96, generator=g).to(dtype), torch.randn(40, generator=g).to(dtype)
         tol = 1e-4 if dtype == torch.float32 else 2e-2
         for rows in (x, x[:1]):  # a batch and a single row take different kernels
-            if not torch.allclose(_linear(rows, w, b).float(), F.linear(rows, w, b).float(), rtol=tol, atol=tol):
+            if not torch.allclose(onednn_linear(rows, w, b).float(), F.linear(rows, w, b).float(), rtol=tol, atol=tol):
                 raise RuntimeError("its output differs from F.linear")
     except Exception as e:  # noqa: BLE001 - any failure means: keep F.linear
         logger.warning("oneDNN linear unavailable for %s (%s); using F.linear", dtype, e)
@@ -67,7 +67,7 @@ def _forward(module: nn.Linear, onednn: bool, matvec: bool, x: torch.Tensor) -> 
         y = cpu_kernels.matvec(module.weight, x)
         return y if module.bias is None else y + module.bias
     if onednn and x.dim() == 2:
-        return _linear(x, module.weight, module.bias)
+        return onednn_linear(x, module.weight, module.bias)
     return F.linear(x, module.weight, module.bias)
 
 

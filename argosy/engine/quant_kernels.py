@@ -1,10 +1,10 @@
 """Matrix products with weights kept in GGML's quantized blocks, on the CPU (csrc/quant_matmul.c).
 
 Built and cached like cpu_kernels.py (same compiler, flags and cache), as its own library, so that the
-engine's other kernels do not depend on it. Types with a kernel: Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, F16 and
-BF16, whose blocks are dequantized inside the products with float32 activations (AVX-512 where the CPU has it,
+engine's other kernels do not depend on it. Types with a kernel: Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, F16,
+BF16 and F32, whose blocks are dequantized inside the products with float32 activations (AVX-512 where the CPU has it,
 else plain C that the compiler vectorizes). Other GGML types (Q6_K, ...) are dequantized to float32 at
-load by the GGUF loader.
+load by the GGUF loader. F32 rows stay as the file stores them; their batches go to oneDNN (matmul).
 
 ARGOSY_INT8_ACTIVATIONS=1 computes Q8_0, Q4_0 and Q4_1 products as llama.cpp's CPU backend does instead
 (csrc/quant_int8.c): each activation row quantized to int8 blocks (Q8_0, or Q8_1 for Q4_1 weights),
@@ -25,19 +25,21 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
-from argosy.engine import cpu_kernels
+from argosy.engine import cpu_kernels, cpu_linear
 
 logger = logging.getLogger(__name__)
 
 CSRC = Path(__file__).parent / "csrc"
 SOURCES = [CSRC / "quant_matmul.c", CSRC / "quant_decode.c", CSRC / "quant_int8.c"]
 # GGML type number -> (name, weights per block, bytes per block)
-# F16 and BF16 rows count as blocks of 32 values without a scale: kept in 2 bytes a weight, widened in the kernels.
+# F32, F16 and BF16 rows count as blocks of 32 values without a scale: kept as stored, widened in the kernels.
 KERNEL_TYPES = {8: ("Q8_0", 32, 34), 2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20), 12: ("Q4_K", 256, 144),
-                13: ("Q5_K", 256, 176), 1: ("F16", 32, 64), 30: ("BF16", 32, 64)}
+                13: ("Q5_K", 256, 176), 1: ("F16", 32, 64), 30: ("BF16", 32, 64), 0: ("F32", 32, 128)}
 # Weight type -> its activations' int8 block type (GGML numbers: 8 = Q8_0, 9 = Q8_1), where it has one.
 INT8_ACTIVATION_TYPES = {8: 8, 2: 8, 3: 9}
+F32 = 0
 I64, PTR = ctypes.c_int64, ctypes.c_void_p
 
 
@@ -135,13 +137,20 @@ def matmul(w: QuantTensor, x: torch.Tensor, out: torch.Tensor | None = None, lib
     if x.dtype != torch.float32 or x.dim() != 2 or x.shape[1] != w.cols:
         raise ValueError(f"x must be float32 [rows, {w.cols}], got {x.dtype} {tuple(x.shape)}")
     x = x.contiguous()
-    if out is None:
-        out = x.new_empty((x.shape[0], w.rows))
-    if out.shape != (x.shape[0], w.rows) or out.stride(1) != 1 or out.dtype != torch.float32:
+    if out is not None and (out.shape != (x.shape[0], w.rows) or out.stride(1) != 1 or out.dtype != torch.float32):
         raise ValueError("out must be float32 [rows, w.rows] with contiguous rows")
     if int8 is None:
         int8 = int8_activations()
     lib = lib or _library()
+    if w.qtype == F32 and x.shape[0] > 2 and not (bf16 and bf16_products_available()):
+        # A float32 batch: oneDNN over the same bytes beats the float32 tiles here (64 sequences of SmolLM2
+        # F32: 790 against 580 tok/s); the kernels keep one or two rows (and the one-token path).
+        weight = w.data.view(torch.float32)
+        y = cpu_linear.onednn_linear(x, weight, None) if cpu_linear.onednn_linear_works(torch.float32) \
+            else F.linear(x, weight)
+        return y if out is None else out.copy_(y)
+    if out is None:
+        out = x.new_empty((x.shape[0], w.rows))
     args = (w.qtype, w.data.data_ptr(), w.rows, w.cols, x.data_ptr(), x.shape[0], out.data_ptr(), out.stride(0),
             torch.get_num_threads())
     if int8 and w.qtype in INT8_ACTIVATION_TYPES:

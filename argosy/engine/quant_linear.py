@@ -33,20 +33,23 @@ class QuantLinear(nn.Module):
             if cols != in_features:
                 raise ValueError(f"a segment of {cols} columns in a linear layer of {in_features} inputs")
         self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
-        self.bf16_batches = False  # products of 3+ rows in bfloat16 (set by the CPU platform: quant_batch_dtype)
+        # The weight types whose products of 3+ rows take bfloat16 operands (set by the CPU platform from
+        # quant_batch_dtype: under auto every type but F32, whose file promises float32 arithmetic).
+        self.bf16_batch_types: frozenset[int] = frozenset()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         x = x.reshape(-1, self.in_features).float()
         if len(self.segments) == 1 and isinstance(self.segments[0], QuantTensor):
-            y = quant_kernels.matmul(self.segments[0], x, bf16=self.bf16_batches)
+            seg = self.segments[0]
+            y = quant_kernels.matmul(seg, x, bf16=seg.qtype in self.bf16_batch_types)
         else:
             y = x.new_empty((x.shape[0], self.out_features))
             start = 0
             for seg in self.segments:
                 end = start + _rows(seg)
                 if isinstance(seg, QuantTensor):
-                    quant_kernels.matmul(seg, x, out=y[:, start:end], bf16=self.bf16_batches)
+                    quant_kernels.matmul(seg, x, out=y[:, start:end], bf16=seg.qtype in self.bf16_batch_types)
                 else:
                     y[:, start:end] = F.linear(x, seg)
                 start = end

@@ -1,9 +1,9 @@
-/* Shared by quant_matmul.c and quant_decode.c: GGML block types and the product of one row. F16 and BF16
- * rows are taken as blocks of 32 values (64 bytes, no scale), so that every loop here walks blocks. */
+/* Shared by quant_matmul.c and quant_decode.c: GGML block types and the product of one row. F32, F16 and
+ * BF16 rows are taken as blocks of 32 values (128 or 64 bytes, no scale), so that every loop here walks blocks. */
 #pragma once
 #include <stdint.h>
 
-enum { Q8_0 = 8, Q8_1 = 9, Q4_0 = 2, Q4_1 = 3, Q4_K = 12, Q5_K = 13, F16 = 1, BF16 = 30 }; /* GGML's type numbers */
+enum { Q8_0 = 8, Q8_1 = 9, Q4_0 = 2, Q4_1 = 3, Q4_K = 12, Q5_K = 13, F32 = 0, F16 = 1, BF16 = 30 }; /* GGML's type numbers */
 
 int64_t quant_block_bytes(int64_t type);
 int64_t quant_block_size(int64_t type);

@@ -73,8 +73,11 @@ def set_quant_batch_dtype(model: torch.nn.Module, choice: str) -> None:
     if choice == "bfloat16" and not available:
         raise ValueError("quant_batch_dtype bfloat16 needs a CPU with AVX512-BF16, which this one lacks: "
                          "use auto or float32")
+    # auto leaves F32 weights in float32: a float32 file promises the float32 model's tokens (docs/gguf.md).
+    types = frozenset() if not available or choice == "float32" else \
+        frozenset(quant_kernels.KERNEL_TYPES) - ({quant_kernels.F32} if choice == "auto" else set())
     for layer in layers:
-        layer.bf16_batches = available and choice != "float32"
+        layer.bf16_batch_types = types
 
 
 def store_linears_transposed(model: torch.nn.Module) -> None:
