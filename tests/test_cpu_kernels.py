@@ -131,7 +131,7 @@ def test_cpu_linears_run_on_onednn_and_the_c_matvec_with_the_outputs_of_f_linear
     def broken(*args):
         raise RuntimeError("no oneDNN here")
 
-    monkeypatch.setattr(cpu_linear, "_linear", broken)
+    monkeypatch.setattr(cpu_linear, "onednn_linear", broken)
     monkeypatch.setattr(cpu_kernels, "available", lambda: False)
     cpu_linear.onednn_linear_works.cache_clear()
     try:
@@ -184,6 +184,16 @@ def test_rms_norm_and_rope_kernels_equal_the_pytorch_ops():
     cpu_kernels.rope_(qkv, cos, sin, heads + kv_heads, dim)
     torch.testing.assert_close(qk, expected, rtol=1e-5, atol=1e-6)
     assert torch.equal(qkv[:, (heads + kv_heads) * dim:], v)  # v is not touched
+
+
+def test_silu_mul_kernel_equals_the_pytorch_ops_over_the_whole_float_range():
+    g = torch.Generator().manual_seed(6)
+    gu = torch.randn(70, 2 * 1024, generator=g) * 6  # 70 rows: split over the threads
+    gu[0, :8] = torch.tensor([0.0, -0.0, 1e-30, -1e-30, 88.0, -88.0, 300.0, -300.0])  # exp's far ends
+    gate, up = gu.split(1024, dim=-1)
+    got = cpu_kernels.silu_mul(gu)
+    torch.testing.assert_close(got, F.silu(gate.double()).float() * up, rtol=2e-6, atol=1e-30)
+    assert torch.isfinite(got).all()
 
 
 def test_write_kv_kernel_fills_the_slots_as_index_copy_does_and_refuses_a_slot_outside_the_cache():

@@ -234,6 +234,55 @@ def test_one_token_steps_in_one_c_call_give_the_layer_by_layer_tokens(tmp_path, 
     assert fused == layered
 
 
+def test_decode_steps_of_several_sequences_in_one_c_call_are_the_layer_by_layer_steps(tmp_path, llama_folder,
+                                                                                      monkeypatch):
+    """csrc/quant_decode_batch.c: a step of 3+ decodes through every layer in one call computes the very numbers
+    the model's own forward does (the same kernels, in one OpenMP region), bit for bit."""
+    if not quant_kernels.bf16_products_available():
+        pytest.skip("this CPU has no AVX512-BF16: batches keep float32 products, which the one-call path leaves alone")
+    from argosy.engine import quant_decode
+    from argosy.engine.models.llama import LlamaForCausalLM
+
+    path = str(hf_to_gguf(llama_folder, tmp_path / "q41.gguf", "Q4_1", tensor_types={"blk.1.attn_v.weight": "Q8_0"}))
+    fused_call, batch_sizes = quant_decode.SingleStreamDecoder.decode_batch, []
+
+    def checked(self, input_ids, positions, kv_caches, meta):
+        layered = LlamaForCausalLM.forward(self.model, input_ids, positions, kv_caches, meta)
+        fused = fused_call(self, input_ids, positions, kv_caches, meta)  # rewrites the same K/V
+        assert torch.equal(fused, layered)
+        batch_sizes.append(input_ids.numel())
+        return fused
+
+    monkeypatch.setattr(quant_decode.SingleStreamDecoder, "decode_batch", checked)
+    prompts = PROMPTS + ["It is a truth universally acknowledged, that a single man", "Once upon a time"]
+    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in (20, 6, 14, 9, 24)]
+    with LLM(path, kv_cache_memory_gib=0.05) as llm:
+        fused = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+    assert set(batch_sizes) == {5, 4, 3}  # two sequences left: the layers' own path; one: quant_decode.c
+    monkeypatch.setenv("ARGOSY_QUANT_DECODE", "0")
+    with LLM(path, kv_cache_memory_gib=0.05) as llm:
+        assert fused == [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+    monkeypatch.delenv("ARGOSY_QUANT_DECODE")
+    batch_sizes.clear()
+    with LLM(path, kv_cache_memory_gib=0.05, quant_batch_dtype="float32") as llm:  # float32 batches: not taken
+        assert "forward" in vars(llm.engine.runner.model)  # (the one-token path is)
+        llm.generate(prompts, params, use_tqdm=False)
+    assert batch_sizes == []
+
+
+def test_the_batched_decode_call_refuses_a_bad_slot_length_or_table():
+    lib = quant_kernels._library()
+    slots, lens, tables = (torch.tensor(v, dtype=torch.int64) for v in ([0, 1, 2], [1, 1, 1], [[0], [0], [0]]))
+
+    def call(slots, lens, tables):  # the checks come before any weight or activation is read
+        return lib.quant_decode_batch(1, 0, 0, 3, 256, 4, 2, 64, 512, 1e-5, 0, 0, tables.data_ptr(), tables.shape[1],
+                                      lens.data_ptr(), slots.data_ptr(), 16, 4, 0.125, 2)
+
+    for bad in (call(torch.tensor([0, 1, 64]), lens, tables), call(slots, torch.tensor([1, 17, 1]), tables),
+                call(slots, lens, torch.tensor([[0], [4], [0]])), call(slots, torch.tensor([1, 0, 1]), tables)):
+        assert bad == -1
+
+
 @pytest.mark.parametrize("file_type", ["Q4_1", "F16", "BF16"])
 def test_quantized_kernels_give_the_dequantized_float_model_tokens(tmp_path, llama_folder, monkeypatch, file_type):
     embed = "Q8_0" if file_type == "Q4_1" else file_type

@@ -89,7 +89,8 @@ def _prebuilt(path: str) -> Path:
 
 def _build(compiler: str, sources: list[Path] = SOURCES, flags: list[str] = FLAGS, stem: str = "argosy-cpu") -> Path:
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=True).stdout
-    parts = [*(s.read_text() for s in sources), *flags, version, _cpu_identity()]
+    headers = sorted({h for s in sources for h in s.parent.glob("*.h")})  # included by the sources: part of the key
+    parts = [*(s.read_text() for s in [*sources, *headers]), *flags, version, _cpu_identity()]
     key = hashlib.sha256("\0".join(parts).encode()).hexdigest()
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "argosy" / "kernels"
     target = cache / f"{stem}-{key[:16]}.so"
@@ -130,7 +131,8 @@ def _library() -> ctypes.CDLL | None:
     lib.rms_norm_f32.argtypes = [PTR, PTR, PTR, I64, I64, ctypes.c_float, I64]
     lib.rope_f32.argtypes = [PTR, PTR, PTR, I64, I64, I64, I64, I64]
     lib.write_kv_f32.argtypes = [PTR, PTR, PTR, I64, I64, PTR, I64, I64, I64]
-    for fn in (lib.paged_decode_attention_f32, lib.matvec_f32, lib.rms_norm_f32, lib.rope_f32):
+    lib.silu_mul_f32.argtypes = [PTR, PTR, I64, I64, I64]
+    for fn in (lib.paged_decode_attention_f32, lib.matvec_f32, lib.rms_norm_f32, lib.rope_f32, lib.silu_mul_f32):
         fn.restype = None
     lib.write_kv_f32.restype = I64
     return lib
@@ -183,6 +185,15 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     out = torch.empty_like(x)
     _library().rms_norm_f32(x.data_ptr(), weight.data_ptr(), out.data_ptr(), x.shape[0], x.shape[1], eps,
                             torch.get_num_threads())
+    return out
+
+
+def silu_mul(gu: torch.Tensor) -> torch.Tensor:
+    """gu [rows, 2 * inter] (gate, then up) -> silu(gate) * up, [rows, inter]: the MLP's activation."""
+    gu = gu.contiguous()
+    _require(gu.dtype == torch.float32 and gu.dim() == 2 and gu.shape[1] % 2 == 0, "float32 gu [rows, 2 * inter]")
+    out = gu.new_empty((gu.shape[0], gu.shape[1] // 2))
+    _library().silu_mul_f32(gu.data_ptr(), out.data_ptr(), gu.shape[0], gu.shape[1] // 2, torch.get_num_threads())
     return out
 
 

@@ -1,11 +1,13 @@
-"""The single-stream path of a quantized model on the CPU: a one-token step runs every layer in one C call.
+"""Decode steps of a quantized model on the CPU in one C call each: every layer in one OpenMP region.
 
 A step that decodes one sequence spent more time dispatching PyTorch ops (a dozen per layer) than
 reading its Q4 weights; csrc/quant_decode.c runs the whole stack of layers for that one token in one
-OpenMP region. Installed by the GGUF loader and by `--quantization` on models where every projection is
-quantized (Llama, Mistral, Qwen2 without biases; not Qwen3's q/k norms, nor a sliding window), it takes
-the steps of one decode and leaves all others (prefills, batches) to the model's own forward.
-ARGOSY_QUANT_DECODE=0 turns it off.
+OpenMP region. A step of several decodes with bfloat16 batch products (quant_batch_dtype) goes to
+csrc/quant_decode_batch.c the same way: layer by layer, a quarter of a 16-decode step went outside the
+products and attention. Installed by the GGUF loader and by `--quantization` on models where every
+projection is quantized (Llama, Mistral, Qwen2 without biases; not Qwen3's q/k norms, nor a sliding
+window); steps with a prefill, two decodes, float32 or int8 batch products go to the model's own
+forward. ARGOSY_QUANT_DECODE=0 turns both off.
 """
 
 from __future__ import annotations
@@ -56,14 +58,51 @@ class SingleStreamDecoder:
         self.model, self.cfg = model, model.cfg
         self.plan = torch.tensor(plans, dtype=torch.int64)
         self.kv_key: int | None = None
+        self._batches_ok: bool | None = None
 
-    def __call__(self, input_ids, positions, kv_caches, meta) -> torch.Tensor:
+    def _bind_caches(self, kv_caches) -> None:
         if self.kv_key != kv_caches[0].data_ptr():  # the caches are made after the model: their addresses here
             for i, cache in enumerate(kv_caches):
                 if cache.dtype != torch.float32 or not cache.is_contiguous():
-                    raise ValueError("the one-token quantized path needs float32 contiguous KV caches")
+                    raise ValueError("the quantized decode paths need float32 contiguous KV caches")
                 self.plan[i, 2] = cache.data_ptr()
             self.kv_key = kv_caches[0].data_ptr()
+
+    def takes_batch(self, input_ids, meta) -> bool:
+        """Whether a step is for decode_batch: 3+ decodes in one group the C attention kernel built (each
+        with its own length), and every weight's batch products in bfloat16, as the layers would take them."""
+        if input_ids.numel() < 3 or meta.prefills or len(meta.decode_groups) != 1:
+            return False
+        group = meta.decode_groups[0]
+        if group.context_lens is None or group.start != 0 or group.count != input_ids.numel():
+            return False
+        if self._batches_ok is None:  # quant_batch_dtype is set on the layers after this path is installed
+            self._batches_ok = quant_kernels.bf16_products_available() and not quant_kernels.int8_activations() \
+                and all(seg.qtype in linear.bf16_batch_types for layer in self.model.layers
+                        for linear in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj,
+                                       layer.mlp.down_proj) for seg in linear.segments)
+        return self._batches_ok
+
+    def decode_batch(self, input_ids, positions, kv_caches, meta) -> torch.Tensor:
+        self._bind_caches(kv_caches)
+        cfg, group = self.cfg, meta.decode_groups[0]
+        x = self.model.embed_tokens(input_ids).float().contiguous()
+        freqs = positions.unsqueeze(-1).float() * self.model.inv_freq
+        cos, sin = freqs.cos().contiguous(), freqs.sin().contiguous()
+        tables, lens = group.block_table.contiguous(), group.context_lens.contiguous()
+        slots, cache = meta.slot_mapping.contiguous(), kv_caches[0]
+        rc = quant_kernels._library().quant_decode_batch(
+            cfg.num_layers, self.plan.data_ptr(), x.data_ptr(), x.shape[0], cfg.hidden_size, cfg.num_heads,
+            cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size, cfg.rms_norm_eps, cos.data_ptr(), sin.data_ptr(),
+            tables.data_ptr(), tables.shape[1], lens.data_ptr(), slots.data_ptr(), cache.shape[2], cache.shape[1],
+            cfg.head_dim ** -0.5, torch.get_num_threads())
+        if rc:
+            raise MemoryError("batched quantized decode: out of memory") if rc == -2 else \
+                IndexError("batched quantized decode: bad slot, length or block table")
+        return self.model.norm(x)
+
+    def __call__(self, input_ids, positions, kv_caches, meta) -> torch.Tensor:
+        self._bind_caches(kv_caches)
         cfg, group = self.cfg, meta.decode_groups[0]
         x = self.model.embed_tokens(input_ids).float().contiguous()
         freqs = positions.float().unsqueeze(-1) * self.model.inv_freq
@@ -98,8 +137,11 @@ def install_single_stream_path(model: nn.Module) -> bool:
     def forward(input_ids, positions, kv_caches, meta):
         if input_ids.numel() == 1 and not meta.prefills and len(meta.decode_groups) == 1:
             return decoder(input_ids, positions, kv_caches, meta)
+        if decoder.takes_batch(input_ids, meta):
+            return decoder.decode_batch(input_ids, positions, kv_caches, meta)
         return layer_by_layer(input_ids, positions, kv_caches, meta)
 
     model.forward = forward
-    logger.info("one-token steps run all %d layers in one C call (csrc/quant_decode.c)", cfg.num_layers)
+    logger.info("decode steps run all %d layers in one C call (csrc/quant_decode.c, quant_decode_batch.c)",
+                cfg.num_layers)
     return True

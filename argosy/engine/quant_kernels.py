@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
 import logging
 import os
 import shutil
@@ -32,7 +31,10 @@ from argosy.engine import cpu_kernels, cpu_linear
 logger = logging.getLogger(__name__)
 
 CSRC = Path(__file__).parent / "csrc"
-SOURCES = [CSRC / "quant_matmul.c", CSRC / "quant_decode.c", CSRC / "quant_int8.c"]
+# The batched decode path (quant_decode_batch.c) calls the attention and small-op kernels from inside its
+# own OpenMP region, so their sources are built into this library too.
+SOURCES = [CSRC / name for name in ("quant_matmul.c", "quant_decode.c", "quant_decode_batch.c", "quant_int8.c",
+                                    "paged_attention.c", "small_ops.c")]
 # GGML type number -> (name, weights per block, bytes per block)
 # F32, F16 and BF16 rows count as blocks of 32 values without a scale: kept as stored, widened in the kernels.
 KERNEL_TYPES = {8: ("Q8_0", 32, 34), 2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20), 12: ("Q4_K", 256, 144),
@@ -83,6 +85,9 @@ def _load(lib_path: Path) -> ctypes.CDLL:
     lib.quantize_rows_q8.argtypes = [I64, PTR, I64, I64, PTR]
     lib.quantize_rows_q8.restype = I64
     lib.quant_decode_layers.restype = I64
+    lib.quant_decode_batch.argtypes = [I64, PTR, PTR, *[I64] * 6, ctypes.c_float, PTR, PTR, PTR, I64, PTR, PTR,
+                                       I64, I64, ctypes.c_float, I64]
+    lib.quant_decode_batch.restype = I64
     return lib
 
 
@@ -91,9 +96,7 @@ def build_library(extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL:
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         raise RuntimeError("no C compiler (cc or gcc) on PATH")
-    # The shared header is not a compiled source: its hash, as a define, keys the cached library too.
-    header = hashlib.sha256((CSRC / "quant_blocks.h").read_bytes()).hexdigest()[:16]
-    flags = [*cpu_kernels.FLAGS, f"-DQUANT_BLOCKS_H={header}", *extra_flags]
+    flags = [*cpu_kernels.FLAGS, *extra_flags]
     return _load(cpu_kernels._build(compiler, SOURCES, flags, stem="argosy-quant"))
 
 

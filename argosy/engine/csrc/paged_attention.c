@@ -12,6 +12,8 @@
  */
 #include <stdint.h>
 
+#include "fast_exp.h"
+
 /* Blocks read ahead. Within this host's noise of none (2026-12-03); kept for CPUs whose hardware
  * prefetcher does not follow a block table. */
 #define PREFETCH_BLOCKS 2
@@ -39,26 +41,6 @@ static inline float dot(const float *a, const float *b, int64_t dim)
     for (int64_t d = 0; d < dim; d++)
         r += a[d] * b[d];
     return r;
-}
-
-/* exp(x) for x <= 0 (Cephes' expf: a polynomial on x - n ln 2, times 2^n); unlike libm's expf the
- * compiler vectorizes it. Relative error ~1e-7. */
-static inline float exp_nonpositive(float x)
-{
-    x = x < -87.0f ? -87.0f : x; /* exp(-87) ~ 1.6e-38: still a normal float */
-    const float n = __builtin_floorf(x * 1.44269504f + 0.5f);
-    const float r = x - n * 0.693359375f + n * 2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
-    const int32_t bits = ((int32_t)n + 127) << 23;
-    float scale;
-    __builtin_memcpy(&scale, &bits, sizeof scale);
-    return p * scale;
 }
 
 #if defined(__AVX512F__)
@@ -212,10 +194,12 @@ static void attend(const float *q, const float *k_cache, const float *v_cache, c
             out[r * dim + d] = acc[r * dim + d] / l[r];
 }
 
-void paged_decode_attention_f32(const float *q, const float *cache, const int64_t *tables,
-                                int64_t table_width, const int64_t *lens, float *out, int64_t n,
-                                int64_t heads, int64_t kv_heads, int64_t dim, int64_t block_size,
-                                int64_t num_blocks, float scale, int64_t threads)
+/* The work of paged_decode_attention_f32 for the `threads` threads of an enclosing OpenMP region (an
+ * orphaned omp for: every thread calls it; outside a region, the caller does it all). */
+void paged_decode_attention_items(const float *q, const float *cache, const int64_t *tables,
+                                  int64_t table_width, const int64_t *lens, float *out, int64_t n,
+                                  int64_t heads, int64_t kv_heads, int64_t dim, int64_t block_size,
+                                  int64_t num_blocks, float scale, int64_t threads)
 {
     const int64_t group = heads / kv_heads, row = kv_heads * dim;
     const float *v_cache = cache + num_blocks * block_size * row;
@@ -224,11 +208,21 @@ void paged_decode_attention_f32(const float *q, const float *cache, const int64_
      * two per thread (one head apiece read 13% slower for a lone 12-head decode, 2026-12-03). */
     int64_t parts = n >= 2 * threads ? 1 : 2 * threads;
     parts = parts > kv_heads ? kv_heads : parts;
-#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
+#pragma omp for schedule(dynamic, 1)
     for (int64_t item = 0; item < n * parts; item++) {
         const int64_t i = item / parts, part = item % parts;
         const int64_t h0 = part * kv_heads / parts, h1 = (part + 1) * kv_heads / parts;
         attend(q + (i * heads + h0 * group) * dim, cache, v_cache, tables + i * table_width, lens[i],
                out + (i * heads + h0 * group) * dim, h0, h1, group, dim, row, block_size, scale);
     }
+}
+
+void paged_decode_attention_f32(const float *q, const float *cache, const int64_t *tables,
+                                int64_t table_width, const int64_t *lens, float *out, int64_t n,
+                                int64_t heads, int64_t kv_heads, int64_t dim, int64_t block_size,
+                                int64_t num_blocks, float scale, int64_t threads)
+{
+#pragma omp parallel num_threads(threads)
+    paged_decode_attention_items(q, cache, tables, table_width, lens, out, n, heads, kv_heads, dim, block_size,
+                                 num_blocks, scale, threads);
 }

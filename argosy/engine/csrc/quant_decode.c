@@ -15,12 +15,7 @@
 
 #include "quant_blocks.h"
 
-/* One layer's plan: int64 fields (pointers as integers), PLAN_FIELDS per layer. */
-enum {
-    P_ATTN_NORM, P_FFN_NORM, P_KV, P_N_QKV, P_QKV, /* P_QKV: 3 x (type, ptr, rows) */
-    P_O = P_QKV + 9, P_N_GU = P_O + 2, P_GU, /* P_O: (type, ptr); P_GU: 2 x (type, ptr, rows) */
-    P_DOWN = P_GU + 6, PLAN_FIELDS = P_DOWN + 2 /* P_DOWN: (type, ptr) */
-};
+/* The layer plan (P_* fields): quant_blocks.h. */
 
 static void rms_norm(const float *x, const float *w, float *out, int64_t dim, float eps)
 {
@@ -176,10 +171,7 @@ int64_t quant_decode_layers(int64_t layers, const int64_t *plan, float *x, int64
                 }
 #pragma omp single
                 {
-                    for (int64_t i = 0; i < inter; i++) {
-                        const float g = gu[i];
-                        xn[i] = g / (1.0f + expf(-g)) * gu[inter + i];
-                    }
+                    silu_mul_row(gu, xn, inter);
                     block_sums(xn, inter, xs);
                     xq_type = 0;
                 }

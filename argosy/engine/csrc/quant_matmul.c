@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <math.h>
+#include <omp.h>
 #if defined(__AVX2__) || defined(__AVX512F__)
 #include <immintrin.h>
 #endif
@@ -355,6 +356,84 @@ int64_t quant_matmul_f32(int64_t type, const uint8_t *w, int64_t out, int64_t in
  * about half the time. The rounding (8 significant bits) is the precision bfloat16 models are trained and
  * served in; products of one or two rows keep the float32 path (quant_matmul_f32). Returns -1 where this
  * build has no AVX512-BF16 (the caller then uses quant_matmul_f32), else as quant_matmul_f32. */
+#if defined(__AVX512BF16__)
+int64_t bf16_scratch_bytes(int64_t in) { return in * (int64_t)sizeof(float) + 4 * (in / 32) * 64; }
+
+void bf16_round_rows(const float *x, int64_t rows, int64_t in, void *out)
+{
+    __m512bh *xb = out;
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < rows * (in / 32); i++) /* 32 floats -> 32 bfloat16, round to nearest even */
+        xb[i] = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(x + 32 * i + 16), _mm512_loadu_ps(x + 32 * i));
+}
+
+void bf16_product(int64_t type, const uint8_t *w, int64_t out, int64_t in, const void *x_rows, int64_t rows,
+                  float *y, int64_t ldy, void *scratch)
+{
+    const int64_t row_bytes = in / quant_block_size(type) * quant_block_bytes(type);
+    const int64_t n = in / 32; /* vectors of 32 bfloat16 per row */
+    const int64_t per_group = (rows + 3) / 4 * n; /* steps of the tiles of one group of four weight rows */
+    const __m512bh *xb = x_rows;
+    float *buf = scratch; /* a row dequantized to float32, then the group's four rows in bfloat16 */
+    __m512bh *wb = (__m512bh *)((uint8_t *)scratch + in * sizeof(float));
+#pragma omp for schedule(dynamic, 8) /* as quant_matmul_f32's */
+    for (int64_t o = 0; o < out; o += 4) {
+        const int64_t nw = out - o < 4 ? out - o : 4;
+        const __m512bh *wr[4]; /* the group's rows in bfloat16 */
+        /* The rows PREFETCH_GROUPS groups on, spread over the steps of the tiles below. */
+        const int64_t ahead_rows = out - (o + PREFETCH_GROUPS * 4);
+        const uint8_t *ahead = w + (o + PREFETCH_GROUPS * 4) * row_bytes;
+        const int64_t ahead_end = (ahead_rows < 0 ? 0 : ahead_rows < 4 ? ahead_rows : 4) * row_bytes;
+        const int64_t ahead_step = 64 * ((ahead_end / 64 + per_group - 1) / per_group);
+        int64_t ahead_at = 0;
+        for (int64_t r = 0; r < 4; r++) {
+            const uint8_t *row = w + (o + r) * row_bytes;
+            wr[r] = wb + r * n;
+            if (r >= nw) { /* a last partial group: zero rows, products discarded */
+                memset(wb + r * n, 0, (size_t)n * 64);
+            } else if (type == BF16) { /* already bfloat16, in this order */
+                wr[r] = (const __m512bh *)row;
+            } else if (type == F32) {
+                const float *rf = (const float *)row;
+                for (int64_t i = 0; i < n; i++)
+                    wb[r * n + i] = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(rf + 32 * i + 16), _mm512_loadu_ps(rf + 32 * i));
+            } else if (type == F16) { /* exact to float32, then rounded once */
+                for (int64_t i = 0; i < n; i++)
+                    wb[r * n + i] = _mm512_cvtne2ps_pbh(widen_half(F16, row + 64 * i + 32), widen_half(F16, row + 64 * i));
+            } else {
+                dequant_row(type, row, in, buf);
+                for (int64_t i = 0; i < n; i++)
+                    wb[r * n + i] = _mm512_cvtne2ps_pbh(_mm512_load_ps(buf + 32 * i + 16), _mm512_load_ps(buf + 32 * i));
+            }
+        }
+        for (int64_t t = 0; t < rows; t += 4) {
+            const int64_t nx = rows - t < 4 ? rows - t : 4;
+            const __m512bh *x0 = xb + t * n, *x1 = xb + (t + (nx > 1)) * n;
+            const __m512bh *x2 = xb + (t + (nx > 2) * 2) * n, *x3 = xb + (t + (nx > 3) * 3) * n;
+            __m512 acc[16];
+            for (int k = 0; k < 16; k++)
+                acc[k] = _mm512_setzero_ps();
+            for (int64_t i = 0; i < n; i++) {
+                ahead_at = prefetch_some(ahead, ahead_at, ahead_step, ahead_end);
+                const __m512bh a0 = x0[i], a1 = x1[i], a2 = x2[i], a3 = x3[i];
+                for (int r = 0; r < 4; r++) {
+                    const __m512bh wv = (__m512bh)_mm512_loadu_si512(wr[r] + i);
+                    acc[4 * r] = _mm512_dpbf16_ps(acc[4 * r], wv, a0);
+                    acc[4 * r + 1] = _mm512_dpbf16_ps(acc[4 * r + 1], wv, a1);
+                    acc[4 * r + 2] = _mm512_dpbf16_ps(acc[4 * r + 2], wv, a2);
+                    acc[4 * r + 3] = _mm512_dpbf16_ps(acc[4 * r + 3], wv, a3);
+                }
+            }
+            float tile[16];
+            reduce16(acc, tile);
+            for (int64_t r = 0; r < nw; r++)
+                for (int64_t k = 0; k < nx; k++)
+                    y[(t + k) * ldy + o + r] = tile[4 * r + k];
+        }
+    }
+}
+#endif
+
 int64_t quant_matmul_bf16(int64_t type, const uint8_t *w, int64_t out, int64_t in, const float *x, int64_t rows,
                           float *y, int64_t ldy, int64_t threads)
 {
@@ -362,83 +441,21 @@ int64_t quant_matmul_bf16(int64_t type, const uint8_t *w, int64_t out, int64_t i
     const int64_t bytes = quant_block_bytes(type), per_block = quant_block_size(type);
     if (bytes == 0 || in % per_block || in <= 0 || in % 32)
         return -1;
-    const int64_t row_bytes = in / per_block * bytes;
-    __m512bh *xb = aligned_alloc(64, (size_t)(rows * (in / 32)) * 64);
-    if (!xb)
+    /* Every thread's scratch before the region: a thread short of memory cannot skip the omp for. */
+    const int64_t scratch_bytes = (bf16_scratch_bytes(in) + 63) / 64 * 64;
+    void *xb = aligned_alloc(64, (size_t)(rows * (in / 32)) * 64);
+    uint8_t *scratch = aligned_alloc(64, (size_t)(threads * scratch_bytes));
+    if (!xb || !scratch) {
+        free(xb);
+        free(scratch);
         return -2;
-    for (int64_t i = 0; i < rows * (in / 32); i++) /* 32 floats -> 32 bfloat16, round to nearest even */
-        xb[i] = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(x + 32 * i + 16), _mm512_loadu_ps(x + 32 * i));
-    const int64_t n = in / 32; /* vectors of 32 bfloat16 per row */
-    const int64_t per_group = (rows + 3) / 4 * n; /* steps of the tiles of one group of four weight rows */
-    int failed = 0;
-#pragma omp parallel num_threads(threads) reduction(| : failed)
-    {
-        float *buf = aligned_alloc(64, (size_t)in * sizeof(float));
-        __m512bh *wb = aligned_alloc(64, (size_t)(4 * n) * 64);
-        if (!buf || !wb) {
-            failed = 1;
-        } else {
-#pragma omp for schedule(dynamic, 8) /* as quant_matmul_f32's */
-            for (int64_t o = 0; o < out; o += 4) {
-                const int64_t nw = out - o < 4 ? out - o : 4;
-                const __m512bh *wr[4]; /* the group's rows in bfloat16 */
-                /* The rows PREFETCH_GROUPS groups on, spread over the steps of the tiles below. */
-                const int64_t ahead_rows = out - (o + PREFETCH_GROUPS * 4);
-                const uint8_t *ahead = w + (o + PREFETCH_GROUPS * 4) * row_bytes;
-                const int64_t ahead_end = (ahead_rows < 0 ? 0 : ahead_rows < 4 ? ahead_rows : 4) * row_bytes;
-                const int64_t ahead_step = 64 * ((ahead_end / 64 + per_group - 1) / per_group);
-                int64_t ahead_at = 0;
-                for (int64_t r = 0; r < 4; r++) {
-                    const uint8_t *row = w + (o + r) * row_bytes;
-                    wr[r] = wb + r * n;
-                    if (r >= nw) { /* a last partial group: zero rows, products discarded */
-                        memset(wb + r * n, 0, (size_t)n * 64);
-                    } else if (type == BF16) { /* already bfloat16, in this order */
-                        wr[r] = (const __m512bh *)row;
-                    } else if (type == F32) {
-                        const float *rf = (const float *)row;
-                        for (int64_t i = 0; i < n; i++)
-                            wb[r * n + i] = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(rf + 32 * i + 16), _mm512_loadu_ps(rf + 32 * i));
-                    } else if (type == F16) { /* exact to float32, then rounded once */
-                        for (int64_t i = 0; i < n; i++)
-                            wb[r * n + i] = _mm512_cvtne2ps_pbh(widen_half(F16, row + 64 * i + 32), widen_half(F16, row + 64 * i));
-                    } else {
-                        dequant_row(type, row, in, buf);
-                        for (int64_t i = 0; i < n; i++)
-                            wb[r * n + i] = _mm512_cvtne2ps_pbh(_mm512_load_ps(buf + 32 * i + 16), _mm512_load_ps(buf + 32 * i));
-                    }
-                }
-                for (int64_t t = 0; t < rows; t += 4) {
-                    const int64_t nx = rows - t < 4 ? rows - t : 4;
-                    const __m512bh *x0 = xb + t * n, *x1 = xb + (t + (nx > 1)) * n;
-                    const __m512bh *x2 = xb + (t + (nx > 2) * 2) * n, *x3 = xb + (t + (nx > 3) * 3) * n;
-                    __m512 acc[16];
-                    for (int k = 0; k < 16; k++)
-                        acc[k] = _mm512_setzero_ps();
-                    for (int64_t i = 0; i < n; i++) {
-                        ahead_at = prefetch_some(ahead, ahead_at, ahead_step, ahead_end);
-                        const __m512bh a0 = x0[i], a1 = x1[i], a2 = x2[i], a3 = x3[i];
-                        for (int r = 0; r < 4; r++) {
-                            const __m512bh wv = (__m512bh)_mm512_loadu_si512(wr[r] + i);
-                            acc[4 * r] = _mm512_dpbf16_ps(acc[4 * r], wv, a0);
-                            acc[4 * r + 1] = _mm512_dpbf16_ps(acc[4 * r + 1], wv, a1);
-                            acc[4 * r + 2] = _mm512_dpbf16_ps(acc[4 * r + 2], wv, a2);
-                            acc[4 * r + 3] = _mm512_dpbf16_ps(acc[4 * r + 3], wv, a3);
-                        }
-                    }
-                    float tile[16];
-                    reduce16(acc, tile);
-                    for (int64_t r = 0; r < nw; r++)
-                        for (int64_t k = 0; k < nx; k++)
-                            y[(t + k) * ldy + o + r] = tile[4 * r + k];
-                }
-            }
-        }
-        free(buf);
-        free(wb);
     }
+    bf16_round_rows(x, rows, in, xb); /* outside a region: this thread does it all */
+#pragma omp parallel num_threads(threads)
+    bf16_product(type, w, out, in, xb, rows, y, ldy, scratch + omp_get_thread_num() * scratch_bytes);
     free(xb);
-    return failed ? -2 : 0;
+    free(scratch);
+    return 0;
 #else
     (void)type, (void)w, (void)out, (void)in, (void)x, (void)rows, (void)y, (void)ldy, (void)threads;
     return -1;

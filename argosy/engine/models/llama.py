@@ -109,6 +109,8 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
+    act_kernel = None  # SiLU(gate) * up over [rows, 2 * inter]: the CPU's C one (float32), set by the platform
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.inter = cfg.intermediate_size
@@ -116,7 +118,10 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split(self.inter, dim=-1)
+        gate_up = self.gate_up_proj(x)
+        if self.act_kernel is not None and gate_up.dim() == 2:
+            return self.down_proj(self.act_kernel(gate_up))
+        gate, up = gate_up.split(self.inter, dim=-1)
         return self.down_proj(F.silu(gate) * up)
 
 

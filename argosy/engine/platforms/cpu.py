@@ -23,7 +23,7 @@ from argosy.engine import cpu_kernels, quant_kernels
 from argosy.engine.config import CPU_DEFAULT_KV_GIB, EngineConfig
 from argosy.engine.cpu_linear import route_cpu_linears
 from argosy.engine.cpu_memory import keep_freed_memory, weights_in_huge_pages
-from argosy.engine.models.llama import Attention, RMSNorm
+from argosy.engine.models.llama import MLP, Attention, RMSNorm
 from argosy.engine.platforms.base import Platform
 from argosy.engine.quant_linear import QuantLinear
 
@@ -94,7 +94,7 @@ def store_linears_transposed(model: torch.nn.Module) -> None:
 
 
 def use_small_op_kernels(model: torch.nn.Module) -> None:
-    """RMS norm and RoPE through the C kernels of cpu_kernels (CPU, float32), where they could be built."""
+    """RMS norm, RoPE and SiLU(gate) * up through the C kernels of cpu_kernels (CPU, float32), where built."""
     if not cpu_kernels.available():
         return
     for module in model.modules():
@@ -102,6 +102,8 @@ def use_small_op_kernels(model: torch.nn.Module) -> None:
             module.kernel = cpu_kernels.rms_norm
         elif isinstance(module, Attention):
             module.rope_kernel = cpu_kernels.rope_
+        elif isinstance(module, MLP):
+            module.act_kernel = cpu_kernels.silu_mul
 
 
 def available_memory() -> float:
