@@ -6,9 +6,10 @@
  * its Q4 weights does. Here the threads stay in one OpenMP region for the whole step and meet at a
  * barrier between the phases of a layer: RMS norm, q/k/v, RoPE (Hugging Face's rotate-half layout),
  * the K/V write, attention over the paged cache, output projection, RMS norm, gate/up, SiLU, down.
- * Products go through quant_matmul.c's quant_row_dot, as the layer-by-layer path's single rows do. RMS norm and RoPE follow csrc/small_ops.c.
+ * Products go through quant_matmul.c's quant_row_dot, as the layer-by-layer path's single rows do; RMS
+ * norm, RoPE, SiLU and attention are small_ops.c's and paged_attention.c's functions, as the layers call.
  */
-#include <math.h>
+#include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,16 +17,6 @@
 #include "quant_blocks.h"
 
 /* The layer plan (P_* fields): quant_blocks.h. */
-
-static void rms_norm(const float *x, const float *w, float *out, int64_t dim, float eps)
-{
-    float ss = 0.0f;
-    for (int64_t d = 0; d < dim; d++)
-        ss += x[d] * x[d];
-    const float inv = 1.0f / sqrtf(ss / (float)dim + eps);
-    for (int64_t d = 0; d < dim; d++)
-        out[d] = w[d] * (x[d] * inv);
-}
 
 /* y[0..rows) = W x for one quantized matrix; called by every thread of the region (an omp for).
  * xs: x's block sums, computed by the caller's single section. With int8 activations (types that have
@@ -62,19 +53,6 @@ static void block_sums(const float *x, int64_t in, float *xs)
     }
 }
 
-static void rope(float *x, const float *cos, const float *sin, int64_t heads, int64_t dim)
-{
-    const int64_t half = dim / 2;
-    for (int64_t h = 0; h < heads; h++) {
-        float *x1 = x + h * dim, *x2 = x1 + half;
-        for (int64_t i = 0; i < half; i++) {
-            const float p = x1[i], q = x2[i];
-            x1[i] = p * cos[i] - q * sin[i];
-            x2[i] = q * cos[i] + p * sin[i];
-        }
-    }
-}
-
 /* x [hidden]: the token's embedding in, its last hidden state (before the final norm) out.
  * plan [layers, PLAN_FIELDS]; cos, sin [head_dim / 2]; table: the sequence's block ids; ctx: tokens in
  * the cache after this one; slot: where this token's K/V go. Returns 0, -1 for a bad plan or slot, -2 out of memory. */
@@ -93,11 +71,10 @@ int64_t quant_decode_layers(int64_t layers, const int64_t *plan, float *x, int64
             return -1;
     float *xn = malloc(widest * sizeof(float)), *qkv = malloc((qs + 2 * kvs) * sizeof(float));
     float *attn = malloc(qs * sizeof(float)), *gu = malloc(2 * inter * sizeof(float)), *tmp = malloc(hidden * sizeof(float));
-    float *scores = malloc(heads * ctx * sizeof(float));
     float *xs = malloc(widest / 32 * sizeof(float));
     uint8_t *xq = malloc(widest / 32 * 36); /* x in int8 blocks (Q8_1: 36 bytes per 32) */
     int64_t xq_type = 0;
-    const int failed = !xn || !qkv || !attn || !gu || !tmp || !scores || !xs || !xq;
+    const int failed = !xn || !qkv || !attn || !gu || !tmp || !xs || !xq;
     if (!failed) {
 #pragma omp parallel num_threads(threads)
         {
@@ -106,7 +83,7 @@ int64_t quant_decode_layers(int64_t layers, const int64_t *plan, float *x, int64
                 float *cache = (float *)p[P_KV];
 #pragma omp single
                 {
-                    rms_norm(x, (const float *)p[P_ATTN_NORM], xn, hidden, eps);
+                    rms_norm_row(x, (const float *)p[P_ATTN_NORM], xn, hidden, eps);
                     block_sums(xn, hidden, xs);
                     xq_type = 0;
                 }
@@ -118,37 +95,12 @@ int64_t quant_decode_layers(int64_t layers, const int64_t *plan, float *x, int64
                 }
 #pragma omp single
                 {
-                    rope(qkv, cos, sin, heads + kv_heads, head_dim); /* q and k lie side by side */
+                    rope_row(qkv, cos, sin, heads + kv_heads, head_dim); /* q and k lie side by side */
                     memcpy(cache + slot * kvs, qkv + qs, kvs * sizeof(float));
                     memcpy(cache + (num_slots + slot) * kvs, qkv + qs + kvs, kvs * sizeof(float));
                 }
-#pragma omp for schedule(static)
-                for (int64_t h = 0; h < heads; h++) {
-                    const float *q = qkv + h * head_dim;
-                    const int64_t g = h / (heads / kv_heads);
-                    float *sc = scores + h * ctx, m = -INFINITY, sum = 0.0f;
-                    for (int64_t t = 0; t < ctx; t++) {
-                        const float *k = cache + (table[t / block_size] * block_size + t % block_size) * kvs + g * head_dim;
-                        float d = 0.0f;
-                        for (int64_t i = 0; i < head_dim; i++)
-                            d += q[i] * k[i];
-                        sc[t] = d * scale;
-                        m = sc[t] > m ? sc[t] : m;
-                    }
-                    for (int64_t t = 0; t < ctx; t++) {
-                        sc[t] = expf(sc[t] - m);
-                        sum += sc[t];
-                    }
-                    float *o = attn + h * head_dim;
-                    memset(o, 0, head_dim * sizeof(float));
-                    for (int64_t t = 0; t < ctx; t++) {
-                        const float *v = cache + (num_slots + table[t / block_size] * block_size + t % block_size) * kvs
-                                         + g * head_dim;
-                        const float w = sc[t] / sum;
-                        for (int64_t i = 0; i < head_dim; i++)
-                            o[i] += w * v[i];
-                    }
-                }
+                paged_decode_attention_items(qkv, cache, table, (ctx + block_size - 1) / block_size, &ctx, attn, 1, heads,
+                                             kv_heads, head_dim, block_size, num_blocks, scale, omp_get_num_threads());
 #pragma omp single
                 {
                     block_sums(attn, qs, xs);
@@ -159,7 +111,7 @@ int64_t quant_decode_layers(int64_t layers, const int64_t *plan, float *x, int64
                 {
                     for (int64_t d = 0; d < hidden; d++)
                         x[d] += tmp[d];
-                    rms_norm(x, (const float *)p[P_FFN_NORM], xn, hidden, eps);
+                    rms_norm_row(x, (const float *)p[P_FFN_NORM], xn, hidden, eps);
                     block_sums(xn, hidden, xs);
                     xq_type = 0;
                 }
@@ -187,7 +139,6 @@ int64_t quant_decode_layers(int64_t layers, const int64_t *plan, float *x, int64
     free(attn);
     free(gu);
     free(tmp);
-    free(scores);
     free(xs);
     free(xq);
     return failed ? -2 : 0;
