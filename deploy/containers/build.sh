@@ -162,7 +162,7 @@ for w in Path(sys.argv[2]).glob("*.whl"):
 EOF
   cp "$HERE/requirements-cpu.txt" "$ctx/"
   rm -rf "$ctx/kernels-src" && mkdir -p "$ctx/kernels-src/csrc"
-  cp "$ROOT/argosy/engine/cpu_kernels.py" "$ctx/kernels-src/" && cp "$ROOT"/argosy/engine/csrc/*.c "$ctx/kernels-src/csrc/"
+  cp "$ROOT/argosy/engine/cpu_kernels.py" "$ctx/kernels-src/" && cp "$ROOT"/argosy/engine/csrc/*.[ch] "$ctx/kernels-src/csrc/"
   app_wheel "$ctx/dist"
   # The base + user + dependencies image, tagged by what goes into it: built once per lock.
   local key deps
