@@ -244,7 +244,7 @@ def test_decode_steps_of_several_sequences_in_one_c_call_are_the_layer_by_layer_
     from argosy.engine.models.llama import LlamaForCausalLM
 
     path = str(hf_to_gguf(llama_folder, tmp_path / "q41.gguf", "Q4_1", tensor_types={"blk.1.attn_v.weight": "Q8_0"}))
-    fused_call, batch_sizes = quant_decode.SingleStreamDecoder.decode_batch, []
+    fused_call, batch_sizes = quant_decode.OneCallDecoder.decode_batch, []
 
     def checked(self, input_ids, positions, kv_caches, meta):
         layered = LlamaForCausalLM.forward(self.model, input_ids, positions, kv_caches, meta)
@@ -253,7 +253,7 @@ def test_decode_steps_of_several_sequences_in_one_c_call_are_the_layer_by_layer_
         batch_sizes.append(input_ids.numel())
         return fused
 
-    monkeypatch.setattr(quant_decode.SingleStreamDecoder, "decode_batch", checked)
+    monkeypatch.setattr(quant_decode.OneCallDecoder, "decode_batch", checked)
     prompts = PROMPTS + ["It is a truth universally acknowledged, that a single man", "Once upon a time"]
     params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in (20, 6, 14, 9, 24)]
     with LLM(path, kv_cache_memory_gib=0.05) as llm:

@@ -53,7 +53,9 @@ def _layer_plan(layer: nn.Module) -> list[int] | None:
     return plan
 
 
-class SingleStreamDecoder:
+class OneCallDecoder:
+    """A model's decode steps as one C call each: one token (quant_decode.c), or 3+ decodes (quant_decode_batch.c)."""
+
     def __init__(self, model: nn.Module, plans: list[list[int]]):
         self.model, self.cfg = model, model.cfg
         self.plan = torch.tensor(plans, dtype=torch.int64)
@@ -121,8 +123,9 @@ class SingleStreamDecoder:
         return self.model.norm(x)
 
 
-def install_single_stream_path(model: nn.Module) -> bool:
-    """Routes the model's one-token steps to csrc/quant_decode.c where it can take them; False where not."""
+def install_one_call_decode(model: nn.Module) -> bool:
+    """Routes the model's decode steps to csrc/quant_decode.c (one token) and quant_decode_batch.c (3+ decodes,
+    bfloat16 batches) where they can take them; False, and the model unchanged, where not."""
     if os.environ.get("ARGOSY_QUANT_DECODE", "1") == "0" or not quant_kernels.available():
         return False
     cfg = model.cfg
@@ -131,7 +134,7 @@ def install_single_stream_path(model: nn.Module) -> bool:
     plans = [_layer_plan(layer) for layer in model.layers]
     if any(p is None for p in plans) or model.norm.weight.device.type != "cpu":
         return False
-    decoder = SingleStreamDecoder(model, plans)
+    decoder = OneCallDecoder(model, plans)
     layer_by_layer = model.forward
 
     def forward(input_ids, positions, kv_caches, meta):

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from argosy.engine import quant_kernels
-from argosy.engine.quant_decode import install_single_stream_path
+from argosy.engine.quant_decode import install_one_call_decode
 from argosy.engine.quant_kernels import QuantTensor
 from argosy.engine.quant_linear import QuantEmbedding, QuantLinear
 
@@ -53,5 +53,5 @@ def quantize_linears(model: nn.Module, kind: str, device: torch.device, dtype: t
                 model.embed_tokens = QuantEmbedding(table)
             count += 1
     logger.info("quantized %d linear layers to %s", count, kind)
-    install_single_stream_path(model)
+    install_one_call_decode(model)
     return count

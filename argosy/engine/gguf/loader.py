@@ -25,7 +25,7 @@ from argosy.engine import quant_kernels
 from argosy.engine.checkpoint import CheckpointError, ModelConfig
 from argosy.engine.gguf.file import PERMUTED_QK, architecture, open_gguf, release_mappings
 from argosy.engine.models.llama import LlamaForCausalLM, rope_inv_freq
-from argosy.engine.quant_decode import install_single_stream_path
+from argosy.engine.quant_decode import install_one_call_decode
 from argosy.engine.quant_kernels import KERNEL_TYPES, QuantTensor
 from argosy.engine.quant_linear import QuantEmbedding, QuantLinear
 
@@ -200,5 +200,5 @@ def build_gguf_model(path: str | os.PathLike, cfg: ModelConfig, device: torch.de
     del weights
     release_mappings()  # everything is copied out: the mapping's pages need not stay resident
     if taken:
-        install_single_stream_path(model)
+        install_one_call_decode(model)
     return model
