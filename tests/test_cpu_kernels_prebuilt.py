@@ -54,3 +54,23 @@ def test_a_cpu_without_the_target_s_instructions_keeps_pytorch(monkeypatch, preb
 def test_an_unknown_target_is_refused(tmp_path):
     with pytest.raises(ValueError, match="unknown target"):
         cpu_kernels.build_for_target(tmp_path, "native-ish")
+
+
+def test_a_prebuilt_library_missing_a_kernel_keeps_pytorch(monkeypatch, tmp_path, caplog):
+    """A library lacking a kernel this release calls (here: built without small_ops.c) is refused with a
+    warning at load, not an AttributeError when the engine starts."""
+    import subprocess
+
+    old = tmp_path / "old.so"
+    sources = [str(s) for s in cpu_kernels.SOURCES if s.name != "small_ops.c"]
+    flags = [f for f in cpu_kernels.FLAGS if f != "-march=native"]
+    subprocess.run(["cc", *flags, *sources, "-o", str(old)], check=True, timeout=300)
+    old.with_suffix(".target").write_text("x86-64\n")
+    try:
+        load(monkeypatch, old)
+        with caplog.at_level(logging.WARNING, logger="argosy.engine.cpu_kernels"):
+            assert not cpu_kernels.available()
+        assert "CPU kernels unavailable" in caplog.text and "rms_norm_f32" in caplog.text
+    finally:
+        monkeypatch.undo()
+        cpu_kernels._library.cache_clear()

@@ -271,13 +271,16 @@ def test_decode_steps_of_several_sequences_in_one_c_call_are_the_layer_by_layer_
 
 
 def test_the_batched_decode_call_refuses_a_bad_slot_length_or_table():
+    if not quant_kernels.bf16_products_available():
+        pytest.skip("this CPU has no AVX512-BF16: the batched call refuses every step (-1), and is never made")
     lib = quant_kernels._library()
     slots, lens, tables = (torch.tensor(v, dtype=torch.int64) for v in ([0, 1, 2], [1, 1, 1], [[0], [0], [0]]))
 
-    def call(slots, lens, tables):  # the checks come before any weight or activation is read
-        return lib.quant_decode_batch(1, 0, 0, 3, 256, 4, 2, 64, 512, 1e-5, 0, 0, tables.data_ptr(), tables.shape[1],
-                                      lens.data_ptr(), slots.data_ptr(), 16, 4, 0.125, 2)
+    def call(slots, lens, tables, layers=1):  # the checks come before any weight or activation is read
+        return lib.quant_decode_batch(layers, 0, 0, 3, 256, 4, 2, 64, 512, 1e-5, 0, 0, tables.data_ptr(),
+                                      tables.shape[1], lens.data_ptr(), slots.data_ptr(), 16, 4, 0.125, 2)
 
+    assert call(slots, lens, tables, layers=0) == 0  # these pass the checks (no layer: nothing else is read)
     for bad in (call(torch.tensor([0, 1, 64]), lens, tables), call(slots, torch.tensor([1, 17, 1]), tables),
                 call(slots, lens, torch.tensor([[0], [4], [0]])), call(slots, torch.tensor([1, 0, 1]), tables)):
         assert bad == -1

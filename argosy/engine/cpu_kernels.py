@@ -122,10 +122,15 @@ def _library() -> ctypes.CDLL | None:
             raise RuntimeError("no C compiler (cc or gcc) on PATH")
         else:
             lib = ctypes.CDLL(str(_build(compiler)))
-    except (OSError, RuntimeError, subprocess.SubprocessError) as e:
+        _declare(lib)  # a prebuilt library from an older release may lack a function: AttributeError
+    except (OSError, RuntimeError, subprocess.SubprocessError, AttributeError) as e:
         detail = getattr(e, "stderr", "") or e
         logger.warning("CPU kernels unavailable (%s); using plain PyTorch (gather + SDPA, oneDNN linears)", detail)
         return None
+    return lib
+
+
+def _declare(lib: ctypes.CDLL) -> None:
     lib.paged_decode_attention_f32.argtypes = [PTR, PTR, PTR, I64, PTR, PTR, *[I64] * 6, ctypes.c_float, I64]
     lib.matvec_f32.argtypes = [PTR, PTR, PTR, I64, I64, I64]
     lib.rms_norm_f32.argtypes = [PTR, PTR, PTR, I64, I64, ctypes.c_float, I64]
@@ -135,7 +140,6 @@ def _library() -> ctypes.CDLL | None:
     for fn in (lib.paged_decode_attention_f32, lib.matvec_f32, lib.rms_norm_f32, lib.rope_f32, lib.silu_mul_f32):
         fn.restype = None
     lib.write_kv_f32.restype = I64
-    return lib
 
 
 def available() -> bool:

@@ -271,12 +271,25 @@ static void dot_tile(const float *w, int64_t nw, const float *x, int64_t nx, int
 #define PREFETCH_GROUPS 2
 #endif
 
-/* Asks for bytes [at, at + step) of p[0..end) (into L2); returns where the next call starts. */
-static inline int64_t prefetch_some(const uint8_t *p, int64_t at, int64_t step, int64_t end)
+/* The rows of the group PREFETCH_GROUPS groups after the one starting at row o (none past the last row),
+ * asked for into L2 over `steps` calls of prefetch_next, a share each. */
+struct ahead {
+    const uint8_t *p;
+    int64_t at, step, end;
+};
+
+static inline struct ahead ahead_of(const uint8_t *w, int64_t o, int64_t out, int64_t row_bytes, int64_t steps)
 {
-    for (const int64_t stop = at + step < end ? at + step : end; at < stop; at += 64)
-        __builtin_prefetch(p + at, 0, 2);
-    return at;
+    const int64_t first = o + PREFETCH_GROUPS * 4, rows = out - first;
+    struct ahead a = {w + (rows > 0 ? first : 0) * row_bytes, 0, 0, (rows <= 0 ? 0 : rows < 4 ? rows : 4) * row_bytes};
+    a.step = 64 * ((a.end / 64 + steps - 1) / steps);
+    return a;
+}
+
+static inline void prefetch_next(struct ahead *a)
+{
+    for (const int64_t stop = a->at + a->step < a->end ? a->at + a->step : a->end; a->at < stop; a->at += 64)
+        __builtin_prefetch(a->p + a->at, 0, 2);
 }
 
 /* y[t, o] (row stride ldy) = x[t] . W[o] for rows t < rows; W [out, in] in `type` blocks, x [rows, in].
@@ -288,7 +301,6 @@ int64_t quant_matmul_f32(int64_t type, const uint8_t *w, int64_t out, int64_t in
     if (bytes == 0 || in % per_block || in <= 0)
         return -1;
     const int64_t row_bytes = in / per_block * bytes;
-    int failed = 0;
 #ifdef DIRECT_DOT
     if (rows <= 2) {
         float *xs = malloc((size_t)(rows * (in / 32)) * sizeof(float));
@@ -304,50 +316,45 @@ int64_t quant_matmul_f32(int64_t type, const uint8_t *w, int64_t out, int64_t in
         return 0;
     }
 #endif
-#pragma omp parallel num_threads(threads) reduction(| : failed)
+    /* Every thread's buffer before the region: a thread short of memory cannot skip the omp for. */
+    const int64_t stride = (in + 15) / 16 * 16;
+    float *bufs = aligned_alloc(64, (size_t)(threads * 4 * stride) * sizeof(float));
+    if (!bufs)
+        return -2;
+#pragma omp parallel num_threads(threads)
     {
-        float *buf = aligned_alloc(64, (size_t)(4 * ((in + 15) / 16 * 16)) * sizeof(float));
-        const int64_t stride = (in + 15) / 16 * 16;
-        if (!buf) {
-            failed = 1;
-        } else {
-            /* Four weight rows at a time, each dequantized once into an L1-sized buffer. Handed out in
-             * chunks as threads ask: in a server another thread (the event loop) takes a core now and
-             * then, and with fixed shares the whole product would wait for the thread it delayed. */
+        float *buf = bufs + omp_get_thread_num() * 4 * stride;
+        /* Four weight rows at a time, each dequantized once into an L1-sized buffer. Handed out in
+         * chunks as threads ask: in a server another thread (the event loop) takes a core now and
+         * then, and with fixed shares the whole product would wait for the thread it delayed. */
 #pragma omp for schedule(dynamic, 8)
-            for (int64_t o = 0; o < out; o += 4) {
-                const int64_t nw = out - o < 4 ? out - o : 4;
-                const float *rows4 = (const float *)(w + o * row_bytes); /* float32 weights: used in place */
-                if (type != F32) {
+        for (int64_t o = 0; o < out; o += 4) {
+            const int64_t nw = out - o < 4 ? out - o : 4;
+            const float *rows4 = (const float *)(w + o * row_bytes); /* float32 weights: used in place */
+            if (type != F32) {
+                for (int64_t r = 0; r < nw; r++)
+                    dequant_row(type, w + (o + r) * row_bytes, in, buf + r * stride);
+                rows4 = buf;
+            }
+            struct ahead ahead = ahead_of(w, o, out, row_bytes, (rows + 3) / 4); /* a share before each tile */
+            float tile[16];
+            for (int64_t t = 0; t < rows; t += 4) {
+                const int64_t nx = rows - t < 4 ? rows - t : 4;
+                prefetch_next(&ahead);
+                if (stride == in) { /* (always so for float32 weights: whole blocks of 32) */
+                    dot_tile(rows4, nw, x + t * in, nx, in, tile);
+                } else {
                     for (int64_t r = 0; r < nw; r++)
-                        dequant_row(type, w + (o + r) * row_bytes, in, buf + r * stride);
-                    rows4 = buf;
+                        dot_tile(buf + r * stride, 1, x + t * in, nx, in, tile + 4 * r);
                 }
-                /* The rows PREFETCH_GROUPS groups on, a share before each tile. */
-                const int64_t ahead_rows = out - (o + PREFETCH_GROUPS * 4), tiles = (rows + 3) / 4;
-                const uint8_t *ahead = w + (o + PREFETCH_GROUPS * 4) * row_bytes;
-                const int64_t ahead_end = (ahead_rows < 0 ? 0 : ahead_rows < 4 ? ahead_rows : 4) * row_bytes;
-                const int64_t ahead_step = 64 * ((ahead_end / 64 + tiles - 1) / tiles);
-                int64_t ahead_at = 0;
-                float tile[16];
-                for (int64_t t = 0; t < rows; t += 4) {
-                    const int64_t nx = rows - t < 4 ? rows - t : 4;
-                    ahead_at = prefetch_some(ahead, ahead_at, ahead_step, ahead_end);
-                    if (stride == in || type == F32) {
-                        dot_tile(rows4, nw, x + t * in, nx, in, tile);
-                    } else {
-                        for (int64_t r = 0; r < nw; r++)
-                            dot_tile(buf + r * stride, 1, x + t * in, nx, in, tile + 4 * r);
-                    }
-                    for (int64_t r = 0; r < nw; r++)
-                        for (int64_t k = 0; k < nx; k++)
-                            y[(t + k) * ldy + o + r] = tile[4 * r + k];
-                }
+                for (int64_t r = 0; r < nw; r++)
+                    for (int64_t k = 0; k < nx; k++)
+                        y[(t + k) * ldy + o + r] = tile[4 * r + k];
             }
         }
-        free(buf);
     }
-    return failed ? -2 : 0;
+    free(bufs);
+    return 0;
 }
 
 /* The same product with bfloat16 operands (float32 sums), where the CPU has AVX512-BF16: each weight row
@@ -380,12 +387,7 @@ void bf16_product(int64_t type, const uint8_t *w, int64_t out, int64_t in, const
     for (int64_t o = 0; o < out; o += 4) {
         const int64_t nw = out - o < 4 ? out - o : 4;
         const __m512bh *wr[4]; /* the group's rows in bfloat16 */
-        /* The rows PREFETCH_GROUPS groups on, spread over the steps of the tiles below. */
-        const int64_t ahead_rows = out - (o + PREFETCH_GROUPS * 4);
-        const uint8_t *ahead = w + (o + PREFETCH_GROUPS * 4) * row_bytes;
-        const int64_t ahead_end = (ahead_rows < 0 ? 0 : ahead_rows < 4 ? ahead_rows : 4) * row_bytes;
-        const int64_t ahead_step = 64 * ((ahead_end / 64 + per_group - 1) / per_group);
-        int64_t ahead_at = 0;
+        struct ahead ahead = ahead_of(w, o, out, row_bytes, per_group); /* over the steps of the tiles below */
         for (int64_t r = 0; r < 4; r++) {
             const uint8_t *row = w + (o + r) * row_bytes;
             wr[r] = wb + r * n;
@@ -414,7 +416,7 @@ void bf16_product(int64_t type, const uint8_t *w, int64_t out, int64_t in, const
             for (int k = 0; k < 16; k++)
                 acc[k] = _mm512_setzero_ps();
             for (int64_t i = 0; i < n; i++) {
-                ahead_at = prefetch_some(ahead, ahead_at, ahead_step, ahead_end);
+                prefetch_next(&ahead);
                 const __m512bh a0 = x0[i], a1 = x1[i], a2 = x2[i], a3 = x3[i];
                 for (int r = 0; r < 4; r++) {
                     const __m512bh wv = (__m512bh)_mm512_loadu_si512(wr[r] + i);
