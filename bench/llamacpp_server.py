@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -160,7 +161,8 @@ def bench_file(path: Path, args) -> None:
     logs = Path(args.log_dir)
     a_port, l_port = free_port(), free_port()
     argosy = start([sys.executable, "-m", "argosy.cli", "engine", "--model", str(path), "--served-model-name", name,
-                    "--port", str(a_port), "--max-num-seqs", str(max(args.concurrency))],
+                    "--port", str(a_port), "--max-num-seqs", str(max(args.concurrency)),
+                    *shlex.split(args.argosy_args)],
                    f"http://127.0.0.1:{a_port}/ready", logs / "argosy-engine.log")
     try:
         lib = str(Path(args.llama_server).parent)
@@ -193,7 +195,8 @@ def bench_file(path: Path, args) -> None:
     finally:
         stop(argosy)
         stop(llama)
-    print(f"\n{path.name}, {args.max_tokens}-token completions (ignore_eos), median of {args.rounds} rounds")
+    flags = f", Argosy with `{args.argosy_args}`" if args.argosy_args else ""
+    print(f"\n{path.name}, {args.max_tokens}-token completions (ignore_eos), median of {args.rounds} rounds{flags}")
     print("| streams | Argosy tok/s | llama-server tok/s | ratio | target | TTFT p50/p99 ms (A / L) | "
           "ITL p50/p99 ms (A / L) |")
     print("|---|---|---|---|---|---|---|")
@@ -217,6 +220,8 @@ def main() -> int:
     ap.add_argument("--requests-per-stream", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2, help="llama-server -t (Argosy uses torch's thread count)")
+    ap.add_argument("--argosy-args", default="", help="more `argosy engine` flags, e.g. "
+                    "'--quant-batch-dtype bfloat16' (named in the results' title)")
     ap.add_argument("--log-dir", default="/tmp")
     args = ap.parse_args()
     if not args.llama_server or not Path(args.llama_server).is_file():

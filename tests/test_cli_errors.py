@@ -85,3 +85,19 @@ def test_logs_are_text_on_a_terminal_and_json_otherwise(monkeypatch, stream, fmt
         assert isinstance(root.handlers[0].formatter, formatter)
     finally:
         root.handlers[:], root.level = saved
+
+
+def test_serve_a_checkpoint_whose_config_describes_no_model(tiny_llama, tmp_path):
+    """Before: serve started, and its replicas failed one after another (backing off), the reason only in
+    their detail; now one line and exit 2 before anything starts."""
+    import json
+    import shutil
+
+    folder = tmp_path / "no-heads"
+    shutil.copytree(tiny_llama, folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "num_attention_heads": 0}))
+    done = argosy("serve", "--model", str(folder), "--port", "0", timeout=60)
+    assert done.returncode == 2
+    line = one_line(done.stderr)
+    assert line.startswith("argosy serve: model ") and "num_heads is 0" in line

@@ -388,6 +388,26 @@ def test_missing_folder_and_broken_config_are_named(tiny_llama, tmp_path):
         LLM(str(folder), kv_cache_memory_gib=KV_GIB)
 
 
+@pytest.mark.parametrize("change, named", [
+    ({"num_attention_heads": 0}, "num_heads is 0"),
+    ({"num_attention_heads": "four"}, "num_heads is 'four'"),
+    ({"num_hidden_layers": -1}, "num_layers is -1"),
+    ({"max_position_embeddings": 0}, "max_position_embeddings is 0"),
+    ({"rms_norm_eps": float("nan")}, "rms_norm_eps is nan"),
+    ({"rope_theta": "fast"}, "rope_theta is not a number"),
+    ({"bos_token_id": 10**6}, "bos_token_id 1000000 is not a token"),
+], ids=["no-heads", "heads-a-string", "negative-layers", "no-context", "nan-eps", "rope-a-string", "bos-outside"])
+def test_config_values_that_describe_no_model_are_named(tiny_llama, tmp_path, change, named):
+    """Before: a ZeroDivisionError, a TypeError, or a model that loads and fails at its first request."""
+    folder = copy_checkpoint(tiny_llama, tmp_path / "ckpt")
+    config = json.loads((folder / "config.json").read_text())
+    if "rope_theta" in change:  # transformers 5 writes it inside rope_parameters, which is read first
+        config.pop("rope_parameters", None)
+    (folder / "config.json").write_text(json.dumps({**config, **change}))
+    with pytest.raises(CheckpointError, match=named):
+        LLM(str(folder), kv_cache_memory_gib=KV_GIB)
+
+
 def test_bfloat16_runs_and_agrees_with_float32(llm, tiny_llama):
     bf16 = LLM(tiny_llama, kv_cache_memory_gib=KV_GIB, dtype="bfloat16")
     assert bf16.engine.runner.dtype == torch.bfloat16

@@ -3,6 +3,7 @@ path, serving end to end, and bad files rejected with a clear error."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -168,6 +169,29 @@ def test_a_gguf_file_served_end_to_end(tmp_path, llama_folder):
         assert chat.choices[0].message.content is not None and chat.usage.completion_tokens >= 1
 
 
+def _rewritten(good, out, meta=None, tensors=None):
+    """`good` written again by gguf's writer with some metadata values replaced (key -> value, typed as the
+    original) and some tensors' data changed (name -> function of the data; None drops the tensor)."""
+    reader = gguf.GGUFReader(good)
+    writer = gguf.GGUFWriter(str(out), reader.fields["general.architecture"].contents())
+    for key, field in reader.fields.items():
+        if not key.startswith("GGUF.") and key != "general.architecture":
+            sub = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
+            value = (meta or {}).get(key, field.contents())
+            kind = gguf.GGUFValueType.STRING if isinstance(value, str) and sub is None else field.types[0]
+            writer.add_key_value(key, value, kind, sub_type=sub)
+    for t in reader.tensors:
+        data = (tensors or {}).get(t.name, lambda d: d)(t.data)
+        if data is not None:
+            writer.add_tensor(t.name, np.ascontiguousarray(data),
+                              raw_dtype=None if t.tensor_type == gguf.GGMLQuantizationType.F32 else t.tensor_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return out
+
+
 def _bad_files(tmp_path, llama_folder):
     good = hf_to_gguf(llama_folder, tmp_path / "good.gguf", "Q8_0")
     data = good.read_bytes()
@@ -182,20 +206,7 @@ def _bad_files(tmp_path, llama_folder):
     blob[at:at + 4] = int(gguf.GGMLQuantizationType.Q2_K).to_bytes(4, "little")
     (tmp_path / "kind.gguf").write_bytes(bytes(blob))
     # A kept (quantized) tensor with half the rows the config needs: refused at load, not at the first step.
-    reader, cut = gguf.GGUFReader(good), tmp_path / "shape.gguf"
-    writer = gguf.GGUFWriter(str(cut), reader.fields["general.architecture"].contents())
-    for key, field in reader.fields.items():
-        if not key.startswith("GGUF.") and key != "general.architecture":
-            sub = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
-            writer.add_key_value(key, field.contents(), field.types[0], sub_type=sub)
-    for t in reader.tensors:
-        data = t.data[: t.data.shape[0] // 2] if t.name == "blk.0.ffn_down.weight" else t.data
-        writer.add_tensor(t.name, np.ascontiguousarray(data),
-                          raw_dtype=None if t.tensor_type == gguf.GGMLQuantizationType.F32 else t.tensor_type)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    cut = _rewritten(good, tmp_path / "shape.gguf", tensors={"blk.0.ffn_down.weight": lambda d: d[: d.shape[0] // 2]})
     return {"truncated": ("truncated", tmp_path / "truncated.gguf"),
             "shape": ("blk.0.ffn_down.weight have 128 rows in all, where the model's config needs 256", cut),
             "magic": ("not a GGUF file", tmp_path / "magic.gguf"),
@@ -211,6 +222,31 @@ def test_bad_files_are_rejected_with_a_clear_error(tmp_path, llama_folder):
             run = subprocess.run([sys.executable, "-m", "argosy.cli", "generate", "--model", str(path), "hi"],
                                  capture_output=True, text=True, timeout=120)
             assert run.returncode == 2 and "not a GGUF file" in run.stderr and "Traceback" not in run.stderr
+
+
+@pytest.mark.parametrize("meta, tensors, named", [
+    ({"llama.attention.head_count": 0}, None, "num_heads is 0"),
+    ({"llama.attention.head_count": 3}, None, "3 attention heads do not share its 2 KV heads"),
+    ({"llama.block_count": 1_000_000}, None, "its metadata gives 1000000 blocks; its tensors hold blocks 0-1"),
+    ({"llama.block_count": "two"}, None, "llama.block_count is 'two', not a number"),
+    ({"llama.context_length": 0}, None, "max_position_embeddings is 0"),
+    ({"llama.rope.freq_base": float("nan")}, None, "rope_theta is nan"),
+    ({"llama.attention.key_length": 15}, None, "head_dim is 15: RoPE needs an even one"),
+    ({"tokenizer.ggml.bos_token_id": 1_000_000}, None, "bos_token_id 1000000 is not a token of its 512-token"),
+    ({"tokenizer.ggml.tokens": ["a", "b"], "tokenizer.ggml.token_type": [1, 1]}, None,
+     "the tokenizer in its metadata cannot be built"),
+    (None, {"blk.1.attn_q.weight": lambda d: None}, "lacks tensor 'blk.1.attn_q.weight'"),
+    (None, {"output_norm.weight": lambda d: d[:10]}, "'model.norm.weight' has shape (10,), expected (256,)"),
+], ids=["no-heads", "heads-kv-uneven", "a-million-blocks", "count-a-string", "no-context", "nan-rope", "odd-head",
+        "bos-outside", "tokens-cut", "tensor-missing", "norm-short"])
+def test_hostile_metadata_and_tensors_are_a_checkpoint_error_naming_them(tmp_path, llama_folder, meta, tensors,
+                                                                         named):
+    """Values no model has (from a corrupt or hostile file) were a ZeroDivisionError, KeyError, IndexError or a
+    bare ValueError mid-load, or at the first request: each is now refused at load with what is wrong."""
+    good = hf_to_gguf(llama_folder, tmp_path / "good.gguf", "Q8_0")
+    bad = _rewritten(good, tmp_path / "bad.gguf", meta, tensors)
+    with pytest.raises(CheckpointError, match=re.escape(named)):
+        LLM(str(bad), kv_cache_memory_gib=0.05)
 
 
 def test_gguf_config_from_metadata(tmp_path, llama_folder):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +44,31 @@ class ModelConfig:
     bos_token_id: int | None
     eos_token_ids: tuple[int, ...]
 
+    def __post_init__(self) -> None:
+        """A config that cannot describe a model (a hostile or corrupt file's: no heads, a NaN RoPE base, a
+        BOS token outside the vocabulary) is a CheckpointError here, before any tensor is allocated, not a
+        ZeroDivisionError or an IndexError at the first request."""
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads",
+                     "head_dim", "max_position_embeddings"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise CheckpointError(f"the model's {name} is {value!r}: it must be a whole number of at least 1")
+        if self.num_heads % self.num_kv_heads:
+            raise CheckpointError(f"the model's {self.num_heads} attention heads do not share its "
+                                  f"{self.num_kv_heads} KV heads evenly")
+        if self.head_dim % 2:
+            raise CheckpointError(f"the model's head_dim is {self.head_dim}: RoPE needs an even one")
+        for name in ("rms_norm_eps", "rope_theta"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+                raise CheckpointError(f"the model's {name} is {value!r}: it must be a finite number above 0")
+        for name, ids in (("bos_token_id", () if self.bos_token_id is None else (self.bos_token_id,)),
+                          ("eos_token_id", self.eos_token_ids)):
+            bad = [i for i in ids if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < self.vocab_size]
+            if bad:
+                raise CheckpointError(f"the model's {name} {bad[0]!r} is not a token of its {self.vocab_size}-token "
+                                      f"vocabulary")
+
 
 def load_model_config(folder: str | Path) -> ModelConfig:
     folder = Path(folder)
@@ -65,18 +91,30 @@ def load_model_config(folder: str | Path) -> ModelConfig:
     missing = [k for k in _REQUIRED_KEYS if k not in cfg]
     if missing:
         raise CheckpointError(f"{path} lacks {', '.join(missing)}")
-    num_heads = cfg["num_attention_heads"]
-    hidden = cfg["hidden_size"]
     # transformers 5 writes rope settings as `rope_parameters`; older checkpoints use
     # `rope_theta` + `rope_scaling`.
     rope = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
-    rope_theta = float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0)))
+    try:
+        rope_theta = float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0)))
+    except (TypeError, ValueError):
+        raise CheckpointError(f"{path}: rope_theta is not a number") from None
     rope_type = rope.get("rope_type", rope.get("type", "default"))
     if rope_type not in ("default", "llama3"):
         raise CheckpointError(f"unsupported rope_type {rope_type!r} in {path}; supported: default, llama3")
     eos = cfg.get("eos_token_id")
     eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
     use_sliding = cfg.get("use_sliding_window", arch == "MistralForCausalLM")
+    try:
+        return _hf_config(cfg, arch, rope, rope_theta, rope_type, eos_ids, use_sliding)
+    except CheckpointError as e:
+        raise CheckpointError(f"{path}: {e}") from None
+    except (TypeError, ValueError, ZeroDivisionError) as e:  # e.g. a head count that is a string, or 0
+        raise CheckpointError(f"{path}: a value does not describe a model ({type(e).__name__}: {e})") from None
+
+
+def _hf_config(cfg: dict, arch: str, rope: dict, rope_theta: float, rope_type: str, eos_ids: tuple,
+               use_sliding: bool) -> ModelConfig:
+    num_heads, hidden = cfg["num_attention_heads"], cfg["hidden_size"]
     return ModelConfig(
         architecture=arch,
         vocab_size=cfg["vocab_size"],
@@ -85,7 +123,7 @@ def load_model_config(folder: str | Path) -> ModelConfig:
         num_layers=cfg["num_hidden_layers"],
         num_heads=num_heads,
         num_kv_heads=cfg.get("num_key_value_heads") or num_heads,
-        head_dim=cfg.get("head_dim") or hidden // num_heads,
+        head_dim=cfg.get("head_dim") or (hidden // num_heads if isinstance(num_heads, int) and num_heads > 0 else 0),
         rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
         rope_theta=rope_theta,
         rope_scaling=rope if rope_type == "llama3" else None,

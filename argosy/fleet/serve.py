@@ -80,6 +80,23 @@ def checkpoint_problem(checkpoint: str) -> str | None:
     return f"no checkpoint at {checkpoint} (not a folder with config.json, nor a .gguf file)"
 
 
+def config_problem(m) -> str | None:
+    """One line when a generative model's checkpoint has a config no model has (no heads, a NaN RoPE base, a
+    GGUF file whose blocks are not the ones its metadata counts), else None. Without this check `serve`
+    started, and its replicas failed one after another, backing off, with the reason in their detail."""
+    if m.kind != "generate":
+        return None
+    from argosy.engine.checkpoint import CheckpointError
+    from argosy.engine.loader import open_checkpoint
+    from argosy.engine.model_names import resolve_model
+
+    try:
+        open_checkpoint(resolve_model(m.resolved()[m.stable_at_start()].checkpoint))
+    except CheckpointError as e:
+        return f"model {m.name!r}: {e}"
+    return None
+
+
 class ServeApp:
     """The gateway's ASGI app, with the controller started after it and stopped before it."""
 
@@ -129,7 +146,7 @@ def run_serve(args: argparse.Namespace) -> int:
         if problem:
             print(f"argosy serve: model {m.name!r}: {problem}", file=sys.stderr)
             return 2
-        mismatch = kind_mismatch(m)
+        mismatch = kind_mismatch(m) or config_problem(m)
         if mismatch:
             print(f"argosy serve: {mismatch}", file=sys.stderr)
             return 2

@@ -93,40 +93,55 @@ def gguf_model_config(path: str | os.PathLike, reader: Any = None) -> ModelConfi
     reader = reader if reader is not None else open_gguf(path)
     arch = architecture(reader, path)
 
-    def key(name: str, default: Any = None, required: bool = False) -> Any:
+    def key(name: str, default: Any = None, required: bool = False, kind: type = int) -> Any:
         value = field(reader, f"{arch}.{name}", default)
-        if value is None and required:
-            raise CheckpointError(f"{path}: GGUF metadata lacks {arch}.{name}")
-        return value
+        if value is None:
+            if required:
+                raise CheckpointError(f"{path}: GGUF metadata lacks {arch}.{name}")
+            return None
+        try:
+            return kind(value)
+        except (TypeError, ValueError):
+            raise CheckpointError(f"{path}: GGUF metadata {arch}.{name} is {value!r}, not a number") from None
+
+    def token(name: str) -> Any:
+        value = field(reader, f"tokenizer.ggml.{name}_token_id")
+        return value if value is None or isinstance(value, int) else -1  # -1: refused by ModelConfig
 
     tensors = {t.name: t for t in reader.tensors}
     if "token_embd.weight" not in tensors:
         raise CheckpointError(f"{path}: no token_embd.weight tensor")
-    hidden = int(key("embedding_length", required=True))
-    heads = int(key("attention.head_count", required=True))
-    vocab = key("vocab_size") or int(tensors["token_embd.weight"].shape[1])
-    eos = field(reader, "tokenizer.ggml.eos_token_id")
-    bos = field(reader, "tokenizer.ggml.bos_token_id")
-    sliding = key("attention.sliding_window")
-    return ModelConfig(
+    hidden, heads = key("embedding_length", required=True), key("attention.head_count", required=True)
+    values = dict(
         architecture=ARCHITECTURES[arch],
-        vocab_size=int(vocab),
+        vocab_size=key("vocab_size") or int(tensors["token_embd.weight"].shape[1]),
         hidden_size=hidden,
-        intermediate_size=int(key("feed_forward_length", required=True)),
-        num_layers=int(key("block_count", required=True)),
+        intermediate_size=key("feed_forward_length", required=True),
+        num_layers=key("block_count", required=True),
         num_heads=heads,
-        num_kv_heads=int(key("attention.head_count_kv") or heads),
-        head_dim=int(key("attention.key_length") or hidden // heads),
-        rms_norm_eps=float(key("attention.layer_norm_rms_epsilon", 1e-6)),
-        rope_theta=float(key("rope.freq_base", 10000.0)),
+        num_kv_heads=key("attention.head_count_kv") or heads,
+        head_dim=key("attention.key_length") or (hidden // heads if heads > 0 else 0),
+        rms_norm_eps=key("attention.layer_norm_rms_epsilon", 1e-6, kind=float),
+        rope_theta=key("rope.freq_base", 10000.0, kind=float),
         rope_scaling=None,  # llama 3 scaling comes as a rope_freqs tensor: applied by the loader
-        max_position_embeddings=int(key("context_length", 2048)),
+        max_position_embeddings=key("context_length", 2048),
         tie_word_embeddings="output.weight" not in tensors,
         qkv_bias="blk.0.attn_q.bias" in tensors,
         qk_norm="blk.0.attn_q_norm.weight" in tensors,
         mlp_bias="blk.0.ffn_up.bias" in tensors,
         torch_dtype=None,
-        sliding_window=int(sliding) if sliding else None,
-        bos_token_id=None if bos is None else int(bos),
-        eos_token_ids=() if eos is None else (int(eos),),
+        sliding_window=key("attention.sliding_window") or None,
+        bos_token_id=token("bos"),
+        eos_token_ids=() if token("eos") is None else (token("eos"),),
     )
+    try:
+        cfg = ModelConfig(**values)
+    except CheckpointError as e:
+        raise CheckpointError(f"{path}: {e}") from None
+    # The blocks the tensors hold must be the ones the metadata counts: a file claiming a million blocks,
+    # or holding fewer, is named here, not by a missing tensor's name mid-load (or a million-layer model).
+    blocks = {int(n.split(".")[1]) for n in tensors if n.startswith("blk.") and n.split(".")[1].isdigit()}
+    if blocks != set(range(cfg.num_layers)):
+        held = f"blocks {min(blocks)}-{max(blocks)} ({len(blocks)} in all)" if blocks else "no blocks"
+        raise CheckpointError(f"{path}: its metadata gives {cfg.num_layers} blocks; its tensors hold {held}")
+    return cfg

@@ -65,6 +65,12 @@ class GGUFWeights:
         self.cfg = cfg
         self.tensors = {t.name: t for t in self.reader.tensors}
 
+    def tensor(self, name: str) -> Any:
+        t = self.tensors.get(name)
+        if t is None:
+            raise CheckpointError(f"{self.path}: GGUF file lacks tensor {name!r}")
+        return t
+
     def _permutation(self, name: str) -> torch.Tensor | None:
         if self.arch not in PERMUTED_QK:
             return None
@@ -72,17 +78,21 @@ class GGUFWeights:
         heads = {"attn_q": self.cfg.num_heads, "attn_k": self.cfg.num_kv_heads}.get(kind)
         if heads is None:
             return None
-        return _unpermute_index(int(self.tensors[name].shape[-1]), heads)
+        rows = int(self.tensor(name).shape[-1])
+        if rows % (2 * heads):
+            raise CheckpointError(f"{self.path}: tensor {name!r} has {rows} rows, not a whole number of heads "
+                                  f"({heads}) of even size")
+        return _unpermute_index(rows, heads)
 
     def has_kernel(self, name: str) -> bool:
-        t = self.tensors[name]
+        t = self.tensor(name)
         kind = KERNEL_TYPES.get(int(t.tensor_type))
         # A block type's rows are whole blocks by construction; an F16 or BF16 row may be any width, and the
         # kernels take it in runs of 32 (one that is not stays float32, as before).
         return kind is not None and len(t.shape) == 2 and int(t.shape[0]) % kind[1] == 0
 
     def quant(self, name: str) -> QuantTensor:
-        t = self.tensors[name]
+        t = self.tensor(name)
         raw = np.ascontiguousarray(t.data)  # blocks as bytes; an F16 tensor is read as float16 values
         data = torch.from_numpy(raw.view(np.uint8).reshape(raw.shape[0], -1).copy())
         perm = self._permutation(name)
@@ -93,7 +103,7 @@ class GGUFWeights:
     def float32(self, name: str) -> torch.Tensor:
         import gguf
 
-        t = self.tensors[name]
+        t = self.tensor(name)
         kind = t.tensor_type.name
         if kind == "F32":
             array = np.array(t.data, dtype=np.float32)  # a copy out of the mapping

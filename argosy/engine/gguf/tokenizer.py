@@ -118,7 +118,13 @@ class _GGUFBackend(_TokenizersBackend):
 
 def gguf_tokenizer(path: str | os.PathLike, reader: Any = None) -> Tokenizer:
     reader = reader if reader is not None else open_gguf(path)
-    backend = _GGUFBackend(_build(reader, path))
+    try:
+        backend = _GGUFBackend(_build(reader, path))
+    except CheckpointError:
+        raise
+    except Exception as e:  # noqa: BLE001 - `tokenizers` raises plain Exception for a vocabulary it cannot take
+        raise CheckpointError(f"{path}: the tokenizer in its metadata cannot be built ({type(e).__name__}: {e})") \
+            from None
     tokens = field(reader, "tokenizer.ggml.tokens")
     types = field(reader, "tokenizer.ggml.token_type") or [NORMAL] * len(tokens)
     special: dict[str, str] = {}

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from argosy.engine.attention import AttentionBackend, AttentionMetadata, paged_attention, write_kv
-from argosy.engine.checkpoint import ModelConfig
+from argosy.engine.checkpoint import CheckpointError, ModelConfig
 
 
 class RMSNorm(nn.Module):
@@ -189,12 +189,12 @@ class LlamaForCausalLM(nn.Module):
                 merged, start, size = stacked[parts[-2]]
                 target = ".".join(parts[:-2] + [merged, parts[-1]])
             if target not in params:
-                raise ValueError(f"unexpected weight {name!r} in checkpoint")
+                raise CheckpointError(f"unexpected weight {name!r} in checkpoint")
             dest = params[target].data if size is None else params[target].data.narrow(0, start, size)
             if dest.shape != tensor.shape:
-                raise ValueError(f"weight {name!r} has shape {tuple(tensor.shape)}, expected {tuple(dest.shape)}")
+                raise CheckpointError(f"weight {name!r} has shape {tuple(tensor.shape)}, expected {tuple(dest.shape)}")
             dest.copy_(tensor)
             loaded.add((target, start))
         missing = sorted(f"{n}[{o}:]" if o else n for n, o in expected - loaded)
         if missing:
-            raise ValueError(f"checkpoint is missing weights: {', '.join(missing[:8])}")
+            raise CheckpointError(f"checkpoint is missing weights: {', '.join(missing[:8])}")
