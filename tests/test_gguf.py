@@ -197,6 +197,9 @@ def _bad_files(tmp_path, llama_folder):
     data = good.read_bytes()
     (tmp_path / "truncated.gguf").write_bytes(data[: len(data) // 2])
     (tmp_path / "magic.gguf").write_bytes(b"GGML" + data[4:])
+    # A metadata string that is not UTF-8 (gguf decodes strings when read, after the file is parsed).
+    at = data.index(b"general.architecture") + len(b"general.architecture") + 4 + 8  # value type, string length
+    (tmp_path / "utf8.gguf").write_bytes(data[:at] + b"\xff" + data[at + 1:])
     arch = hf_to_gguf(llama_folder, tmp_path / "arch.gguf", "F32", arch="phi3")
     kind = hf_to_gguf(llama_folder, tmp_path / "kind.gguf", "F32")
     blob = bytearray(kind.read_bytes())
@@ -210,6 +213,7 @@ def _bad_files(tmp_path, llama_folder):
     return {"truncated": ("truncated", tmp_path / "truncated.gguf"),
             "shape": ("blk.0.ffn_down.weight have 128 rows in all, where the model's config needs 256", cut),
             "magic": ("not a GGUF file", tmp_path / "magic.gguf"),
+            "utf8": ("GGUF metadata general.architecture cannot be read (UnicodeDecodeError", tmp_path / "utf8.gguf"),
             "arch": ("unsupported GGUF architecture 'phi3'", arch),
             "kind": ("'blk.0.attn_norm.weight' has type Q2_K", tmp_path / "kind.gguf")}
 

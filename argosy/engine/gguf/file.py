@@ -79,7 +79,10 @@ def field(reader: Any, key: str, default: Any = None) -> Any:
     f = reader.fields.get(key)
     if f is None:
         return default
-    return f.contents()
+    try:
+        return f.contents()  # strings are decoded here, not when the file is parsed
+    except (ValueError, IndexError, TypeError) as e:
+        raise CheckpointError(f"GGUF metadata {key} cannot be read ({type(e).__name__}: {e})") from None
 
 
 def architecture(reader: Any, path: str | os.PathLike) -> str:
