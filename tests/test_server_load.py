@@ -138,3 +138,55 @@ def test_overload_answers_503_with_retry_after(tiny_llama):
         _wait_for(lambda: metric(server.metrics(), "vllm:num_requests_running") == 0)
         r = client.completions.create(model=MODEL_NAME, prompt="Hello", max_tokens=3, extra_body=LONG)
         assert r.usage.completion_tokens == 3
+
+
+def _random_words(n: int, seed: int = 0) -> str:
+    import random
+
+    rng = random.Random(seed)
+    return " ".join("".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randrange(4, 10)))
+                    for _ in range(n))
+
+
+def test_a_prompt_longer_than_the_context_could_hold_is_refused_untokenized(server, client):
+    """Before, the engine thread tokenized it in full between steps (a 7.5 MB prompt: 5 s) to say it was
+    too long; now its length in characters says so."""
+    for make in (lambda text: client.completions.create(model=MODEL_NAME, prompt=text, max_tokens=1),
+                 lambda text: client.chat.completions.create(model=MODEL_NAME, max_tokens=1,
+                                                             messages=[{"role": "user", "content": text}])):
+        with pytest.raises(openai.BadRequestError, match="characters, more than this model's context of"):
+            make(_random_words(200_000))
+    assert client.completions.create(model=MODEL_NAME, prompt="Hello", max_tokens=2).choices[0].text is not None
+
+
+def test_a_long_prompt_is_tokenized_beside_the_engine_not_on_its_thread(tmp_path):
+    """`tokenizers` holds the GIL in `encode`: on the engine thread (or the event loop) a 3 MB prompt held
+    every other request and stream for the seconds it took. It is tokenized in a worker thread now, without
+    the GIL, so a short completion sent meanwhile ends first. (A 256k-token context, so that the prompt is
+    within what its characters could hold, and is tokenized before it is found too long.)"""
+    import asyncio
+
+    from argosy.engine.random_model import make_random_model
+
+    model = make_random_model(tmp_path / "long", arch="llama", init_std=0.2, max_position_embeddings=262_144)
+    body = {"model": MODEL_NAME, "prompt": _random_words(400_000, seed=1), "max_tokens": 1}  # about 3 MB
+
+    async def race(url: str) -> list[str]:
+        done: list[str] = []
+        async with httpx.AsyncClient(base_url=url, timeout=120) as c:
+            async def long() -> None:
+                r = await c.post("/v1/completions", json=body)
+                assert r.status_code == 400 and "tokens, but this model's context is 262144" in r.text
+                done.append("long prompt")
+
+            async def short() -> None:
+                await asyncio.sleep(0.3)  # the long prompt is being tokenized by then (about 2 s)
+                r = await c.post("/v1/completions", json={"model": MODEL_NAME, "prompt": "Hi", "max_tokens": 1})
+                assert r.status_code == 200
+                done.append("short")
+
+            await asyncio.gather(long(), short())
+        return done
+
+    with ServerProcess(str(model)) as server:
+        assert asyncio.run(race(server.url)) == ["short", "long prompt"]

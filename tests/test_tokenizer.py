@@ -93,6 +93,21 @@ def test_encode_decode_match_transformers(hf_folder):
     assert ours.convert_ids_to_tokens(ids) == theirs.convert_ids_to_tokens(ids)
 
 
+def test_long_texts_encode_as_transformers_does_and_bound_their_length(hf_folder):
+    """Texts from GIL_FREE_CHARS on go through encode_batch (which releases the GIL); the ids must not change.
+    max_chars bounds the text any number of tokens can hold."""
+    from argosy.engine.tokenizer import GIL_FREE_CHARS
+
+    ours, theirs = Tokenizer.from_pretrained(hf_folder), _auto(hf_folder)
+    text = " ".join(STRINGS) * (GIL_FREE_CHARS // len(" ".join(STRINGS)) + 2)
+    assert len(text) >= GIL_FREE_CHARS
+    for add in (True, False):
+        assert ours.encode(text, add_special_tokens=add) == theirs.encode(text, add_special_tokens=add)
+    longest = max(len(t) for t in theirs.get_vocab())
+    assert ours.max_chars(100) == 2 * 100 * longest
+    assert len(ours.encode("\n" * ours.max_chars(10))) > 10  # the bound holds even for the longest tokens
+
+
 def test_chat_template_matches_transformers(hf_folder):
     ours, theirs = Tokenizer.from_pretrained(hf_folder), _auto(hf_folder)
     assert ours.has_chat_template

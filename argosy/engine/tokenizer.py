@@ -7,6 +7,7 @@ and adds BOS like Llama's tokenizer when add_bos_token (default True).
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Mapping
@@ -19,6 +20,7 @@ from tokenizers import Tokenizer as HFTokenizer
 from argosy.engine.chat_template import load_chat_template, render_chat_template
 
 _SPECIAL_NAMES = ("bos_token", "eos_token", "unk_token", "pad_token")
+GIL_FREE_CHARS = 4096  # texts at least this long are tokenized without holding the GIL (~5 ms of work)
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -52,7 +54,16 @@ class _TokenizersBackend:
         self.special_ids = {i for i, t in self.tok.get_added_tokens_decoder().items() if t.special}
 
     def encode(self, text: str, add_special_tokens: bool) -> list[int]:
-        return self.tok.encode(text, add_special_tokens=add_special_tokens).ids
+        if len(text) < GIL_FREE_CHARS:
+            return self.tok.encode(text, add_special_tokens=add_special_tokens).ids
+        # `encode` holds the GIL throughout, `encode_batch` releases it: a long text tokenized in a worker
+        # thread then leaves the event loop and the engine thread running (1.5M words held both for 5 s).
+        return self.tok.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
+
+    @functools.cached_property
+    def longest_token_chars(self) -> int:
+        # Byte-level vocabularies spell each byte as one character, so this bounds the text a token covers.
+        return max(map(len, self.tok.get_vocab(with_added_tokens=True)), default=1)
 
     def decode(self, ids: list[int], skip_special_tokens: bool) -> str:
         return self.tok.decode(ids, skip_special_tokens=skip_special_tokens)
@@ -131,6 +142,10 @@ class _SentencePieceBackend:
     def id_to_token(self, token_id: int) -> str | None:
         return self.sp.id_to_piece(token_id) if 0 <= token_id < self.vocab_size else None
 
+    @functools.cached_property
+    def longest_token_chars(self) -> int:
+        return max((len(self.sp.id_to_piece(i)) for i in range(self.vocab_size)), default=1)
+
 
 class Tokenizer:
     """Encode, decode and render chat prompts for one checkpoint (see `from_pretrained`)."""
@@ -189,6 +204,12 @@ class Tokenizer:
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self._backend.decode(list(ids), skip_special_tokens)
+
+    def max_chars(self, tokens: int) -> int:
+        """More characters than this cannot be `tokens` tokens or fewer, in any text: no token covers more
+        than the vocabulary's longest (twice that, for normalizers that merge characters). A server refuses
+        a longer prompt for its context without spending the CPU to tokenize it."""
+        return 2 * tokens * self._backend.longest_token_chars
 
     def convert_ids_to_tokens(self, ids: list[int]) -> list[str | None]:
         return [self._backend.id_to_token(i) for i in ids]

@@ -90,8 +90,8 @@ def _logprob_settings(fields: Fields) -> int | None:
     return (top or 0) if want else None
 
 
-def _prompt_ids(state: ServerState, fields: Fields, messages: list[dict[str, Any]],
-                tools: ToolRequest | None) -> list[int]:
+async def _prompt_ids(state: ServerState, fields: Fields, messages: list[dict[str, Any]],
+                      tools: ToolRequest | None) -> list[int]:
     tokenizer = state.tokenizer
     if not tokenizer.has_chat_template:
         raise APIError.bad_request("This model has no chat template; use /v1/completions.", "messages")
@@ -103,7 +103,7 @@ def _prompt_ids(state: ServerState, fields: Fields, messages: list[dict[str, Any
     except Exception as exc:  # the template's own checks (e.g. roles must alternate)
         raise APIError.bad_request(f"The chat template rejected the messages: {exc}", "messages") from None
     # The template writes the special tokens (BOS...) itself; encoding must not add a second BOS.
-    return tokenizer.encode(text, add_special_tokens=False)
+    return await state.encode(text, add_special_tokens=False, param="messages")
 
 
 async def create_chat_completion(request: Request) -> Response | SSEResponse:
@@ -125,7 +125,7 @@ async def create_chat_completion(request: Request) -> Response | SSEResponse:
     if tools is not None and tools.parses and tools.format.special_marker:
         params.skip_special_tokens = False  # the calls' marker is a special token: the parser must see it
     priority, cache_salt = scheduling_fields(fields)
-    prompt = _prompt_ids(state, fields, messages, tools)
+    prompt = await _prompt_ids(state, fields, messages, tools)
     await check_grammar(structured)
     response_id = new_id("chatcmpl")
     group = await state.submit([EngineRequest(response_id, prompt, params, priority, cache_salt)], arrival)

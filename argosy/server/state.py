@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import json
 import time
 import uuid
@@ -17,6 +19,8 @@ from argosy.server.async_engine import AsyncEngine, EngineRequest, EngineStepErr
 from argosy.server.errors import APIError
 from argosy.server.metrics import ServerMetrics
 from argosy.server.protocol import Fields, check_model, read_json_body
+
+LONG_PROMPT_CHARS = 16_384  # prompts this long are tokenized in a worker thread (ServerState.encode)
 
 
 def dumps(obj: Any) -> str:
@@ -66,11 +70,29 @@ class ServerState:
         self.check_ready()
         return self.engine.tokenizer
 
+    async def encode(self, text: str, add_special_tokens: bool = True, param: str = "prompt",
+                     within_context: bool = True) -> list[int]:
+        """Token ids of a prompt. A long one is tokenized in a worker thread (the tokenizer releases the GIL
+        there), after a check that needs no tokenizing (within_context): text longer than the context could
+        hold in any tokens is a 400. On the event loop or the engine thread, a 7.5 MB prompt (under the 8 MiB body
+        limit) held every other request and stream for 5 s."""
+        tokenizer = self.tokenizer
+        if len(text) < LONG_PROMPT_CHARS:
+            return tokenizer.encode(text, add_special_tokens=add_special_tokens)
+        context = self.engine.max_model_len
+        if within_context and len(text) > tokenizer.max_chars(context):
+            raise APIError.bad_request(f"the prompt is {len(text):,} characters, more than this model's context of "
+                                       f"{context} tokens can hold", param)
+        return await asyncio.to_thread(tokenizer.encode, text, add_special_tokens)
+
     async def submit(self, requests: list[EngineRequest], arrival: float) -> RequestGroup:
         """Admission (503 past --max-queue waiting requests), then the engine's own validation (400)."""
         self.check_ready()
         if self.engine.num_waiting() + len(requests) > self.max_queue:
             raise APIError.overloaded(f"The server is overloaded ({self.max_queue} requests waiting); retry later.")
+        # The engine would tokenize a text prompt on its own thread, between steps: a long one goes here.
+        requests = [dataclasses.replace(r, prompt=await self.encode(r.prompt))
+                    if isinstance(r.prompt, str) and len(r.prompt) >= LONG_PROMPT_CHARS else r for r in requests]
         try:
             group = await self.engine.add(requests, arrival)
         except InvalidRequestError as exc:

@@ -37,7 +37,7 @@ async def tokenize(request: Request) -> Response:
         if text is None:
             raise APIError.bad_request("'prompt' (a string) or 'messages' is required.", "prompt")
         add_special = fields.get_bool("add_special_tokens", True)
-    tokens = tokenizer.encode(text, add_special_tokens=add_special)
+    tokens = await state.encode(text, add_special_tokens=add_special, within_context=False)  # counts any length
     token_strs = None
     if fields.get_bool("return_token_strs", False):
         token_strs = [tokenizer.decode([t], skip_special_tokens=False) for t in tokens]
