@@ -188,5 +188,20 @@ def test_a_long_prompt_is_tokenized_beside_the_engine_not_on_its_thread(tmp_path
             await asyncio.gather(long(), short())
         return done
 
-    with ServerProcess(str(model)) as server:
+    async def flood(url: str) -> list[httpx.Response]:
+        async with httpx.AsyncClient(base_url=url, timeout=120) as c:
+            return await asyncio.gather(*(c.post("/v1/completions", json=body) for _ in range(5)))
+
+    with ServerProcess(str(model), "--max-queue", "2") as server:
         assert asyncio.run(race(server.url)) == ["short", "long prompt"]
+        # Prompts being tokenized count as waiting requests: past --max-queue, a 503 with Retry-After.
+        answers = asyncio.run(flood(server.url))
+        statuses = sorted(r.status_code for r in answers)
+        assert statuses.count(503) >= 3 and set(statuses) == {400, 503}, statuses
+        assert all(r.headers.get("retry-after") for r in answers if r.status_code == 503)
+        assert client_ok(server)
+
+
+def client_ok(server) -> bool:
+    r = httpx.post(server.base_url + "/completions", json={"model": MODEL_NAME, "prompt": "Hi", "max_tokens": 2})
+    return r.status_code == 200

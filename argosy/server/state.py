@@ -58,6 +58,7 @@ class ServerState:
     root: str | None = None  # the checkpoint served
     revision: str | None = None  # the fleet's revision of the model, when it set one
     created: int = field(default_factory=lambda: int(time.time()))
+    tokenizing: int = 0  # admitted requests whose long prompts are being tokenized (they count as waiting)
 
     def check_ready(self) -> None:
         if self.engine.failed is not None or not self.engine.alive():
@@ -83,13 +84,23 @@ class ServerState:
         if within_context and len(text) > tokenizer.max_chars(context):
             raise APIError.bad_request(f"the prompt is {len(text):,} characters, more than this model's context of "
                                        f"{context} tokens can hold", param)
-        return await asyncio.to_thread(tokenizer.encode, text, add_special_tokens)
+        # Admitted like a waiting request, and counted as one while it is tokenized: a flood of long
+        # prompts is a 503 past --max-queue, not an ever longer queue of tokenizing threads.
+        self.admit(1)
+        self.tokenizing += 1
+        try:
+            return await asyncio.to_thread(tokenizer.encode, text, add_special_tokens)
+        finally:
+            self.tokenizing -= 1
+
+    def admit(self, n: int) -> None:
+        if self.engine.num_waiting() + self.tokenizing + n > self.max_queue:
+            raise APIError.overloaded(f"The server is overloaded ({self.max_queue} requests waiting); retry later.")
 
     async def submit(self, requests: list[EngineRequest], arrival: float) -> RequestGroup:
         """Admission (503 past --max-queue waiting requests), then the engine's own validation (400)."""
         self.check_ready()
-        if self.engine.num_waiting() + len(requests) > self.max_queue:
-            raise APIError.overloaded(f"The server is overloaded ({self.max_queue} requests waiting); retry later.")
+        self.admit(len(requests))
         # The engine would tokenize a text prompt on its own thread, between steps: a long one goes here.
         requests = [dataclasses.replace(r, prompt=await self.encode(r.prompt))
                     if isinstance(r.prompt, str) and len(r.prompt) >= LONG_PROMPT_CHARS else r for r in requests]
