@@ -237,12 +237,13 @@ def test_bad_files_are_rejected_with_a_clear_error(tmp_path, llama_folder):
     ({"llama.rope.freq_base": float("nan")}, None, "rope_theta is nan"),
     ({"llama.attention.key_length": 15}, None, "head_dim is 15: RoPE needs an even one"),
     ({"tokenizer.ggml.bos_token_id": 1_000_000}, None, "bos_token_id 1000000 is not a token of its 512-token"),
+    ({"tokenizer.ggml.bos_token_id": "one"}, None, "tokenizer.ggml.bos_token_id is 'one', not a token id"),
     ({"tokenizer.ggml.tokens": ["a", "b"], "tokenizer.ggml.token_type": [1, 1]}, None,
      "the tokenizer in its metadata cannot be built"),
     (None, {"blk.1.attn_q.weight": lambda d: None}, "lacks tensor 'blk.1.attn_q.weight'"),
     (None, {"output_norm.weight": lambda d: d[:10]}, "'model.norm.weight' has shape (10,), expected (256,)"),
 ], ids=["no-heads", "heads-kv-uneven", "a-million-blocks", "count-a-string", "no-context", "nan-rope", "odd-head",
-        "bos-outside", "tokens-cut", "tensor-missing", "norm-short"])
+        "bos-outside", "bos-a-string", "tokens-cut", "tensor-missing", "norm-short"])
 def test_hostile_metadata_and_tensors_are_a_checkpoint_error_naming_them(tmp_path, llama_folder, meta, tensors,
                                                                          named):
     """Values no model has (from a corrupt or hostile file) were a ZeroDivisionError, KeyError, IndexError or a

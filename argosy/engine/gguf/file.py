@@ -107,9 +107,11 @@ def gguf_model_config(path: str | os.PathLike, reader: Any = None) -> ModelConfi
         except (TypeError, ValueError):
             raise CheckpointError(f"{path}: GGUF metadata {arch}.{name} is {value!r}, not a number") from None
 
-    def token(name: str) -> Any:
+    def token(name: str) -> int | None:
         value = field(reader, f"tokenizer.ggml.{name}_token_id")
-        return value if value is None or isinstance(value, int) else -1  # -1: refused by ModelConfig
+        if value is None or isinstance(value, int) and not isinstance(value, bool):
+            return value  # ModelConfig checks that it is inside the vocabulary
+        raise CheckpointError(f"{path}: GGUF metadata tokenizer.ggml.{name}_token_id is {value!r}, not a token id")
 
     tensors = {t.name: t for t in reader.tensors}
     if "token_embd.weight" not in tensors:
