@@ -124,7 +124,8 @@ def test_overload_answers_503_with_retry_after(tiny_llama):
         for _ in range(2):  # these two wait in the queue, streams open
             waiting = open_streams.enter_context(http.stream("POST", "/completions", json=body))
             assert waiting.status_code == 200
-        assert metric(server.metrics(), "vllm:num_requests_waiting") == 2
+        # The gauge reads the engine's stats, a snapshot it takes every 20 ms while busy: it may lag the adds.
+        _wait_for(lambda: metric(server.metrics(), "vllm:num_requests_waiting") == 2)
 
         refused = http.post("/completions", json={"prompt": "Hello", "max_tokens": 4})
         assert refused.status_code == 503

@@ -155,6 +155,20 @@ def safetensors_files(folder: str | Path) -> list[Path]:
     return files
 
 
+def check_layer_count(folder: str | Path, cfg: ModelConfig) -> None:
+    """The layers the weights hold (read from the safetensors headers, no tensor data) must be the ones
+    config.json counts: a config claiming a million layers built them all on the meta device for minutes
+    before the load found the weights missing."""
+    layers: set[int] = set()
+    for path in safetensors_files(folder):
+        with safe_open(str(path), framework="pt") as f:
+            layers.update(int(p[2]) for p in (name.split(".") for name in f.keys())
+                          if len(p) > 3 and p[:2] == ["model", "layers"] and p[2].isdigit())
+    if layers != set(range(cfg.num_layers)):
+        held = f"layers {min(layers)}-{max(layers)} ({len(layers)} in all)" if layers else "no layers"
+        raise CheckpointError(f"{folder}: config.json gives {cfg.num_layers} layers; its weights hold {held}")
+
+
 def iter_weights(folder: str | Path, device: torch.device | str = "cpu") -> Iterator[tuple[str, torch.Tensor]]:
     """Yields (name, tensor) one tensor at a time, so peak memory stays near one tensor."""
     for path in safetensors_files(folder):

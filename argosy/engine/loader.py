@@ -12,7 +12,7 @@ from typing import Protocol
 
 import torch
 
-from argosy.engine.checkpoint import ModelConfig, iter_weights, load_model_config
+from argosy.engine.checkpoint import ModelConfig, check_layer_count, iter_weights, load_model_config
 from argosy.engine.config import EngineConfig
 from argosy.engine.gguf.file import is_gguf
 from argosy.engine.models.llama import LlamaForCausalLM, rope_inv_freq
@@ -65,6 +65,7 @@ def load_model(checkpoint: Checkpoint, config: EngineConfig, device: torch.devic
 
         model = build_gguf_model(checkpoint.path, checkpoint.config, device, dtype, platform.place_weights)
     else:
+        check_layer_count(checkpoint.path, checkpoint.config)
         with torch.device("meta"):
             model = LlamaForCausalLM(checkpoint.config)
         model = model.to_empty(device=device).to(dtype)
