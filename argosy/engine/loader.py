@@ -65,7 +65,8 @@ def load_model(checkpoint: Checkpoint, config: EngineConfig, device: torch.devic
 
         model = build_gguf_model(checkpoint.path, checkpoint.config, device, dtype, platform.place_weights)
     else:
-        check_layer_count(checkpoint.path, checkpoint.config)
+        if isinstance(checkpoint, HFCheckpoint):  # a folder's files (other Checkpoints stream their own tensors)
+            check_layer_count(checkpoint.path, checkpoint.config)
         with torch.device("meta"):
             model = LlamaForCausalLM(checkpoint.config)
         model = model.to_empty(device=device).to(dtype)
