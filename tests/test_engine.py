@@ -396,7 +396,7 @@ def test_missing_folder_and_broken_config_are_named(tiny_llama, tmp_path):
     ({"rms_norm_eps": float("nan")}, "rms_norm_eps is nan"),
     ({"rope_theta": "fast"}, "rope_theta is not a number"),
     ({"bos_token_id": 10**6}, "bos_token_id 1000000 is not a token"),
-    ({"num_hidden_layers": 10**6}, "config.json gives 1000000 layers; its weights hold layers 0-"),
+    ({"num_hidden_layers": 10**6}, "its config gives 1000000 layers; its weights hold layers 0-"),
 ], ids=["no-heads", "heads-a-string", "negative-layers", "no-context", "nan-eps", "rope-a-string", "bos-outside",
         "a-million-layers"])
 def test_config_values_that_describe_no_model_are_named(tiny_llama, tmp_path, change, named):

@@ -231,7 +231,7 @@ def test_bad_files_are_rejected_with_a_clear_error(tmp_path, llama_folder):
 @pytest.mark.parametrize("meta, tensors, named", [
     ({"llama.attention.head_count": 0}, None, "num_heads is 0"),
     ({"llama.attention.head_count": 3}, None, "3 attention heads do not share its 2 KV heads"),
-    ({"llama.block_count": 1_000_000}, None, "its metadata gives 1000000 blocks; its tensors hold blocks 0-1"),
+    ({"llama.block_count": 1_000_000}, None, "its config gives 1000000 layers; its weights hold layers 0-1 (2 in all)"),
     ({"llama.block_count": "two"}, None, "llama.block_count is 'two', not a number"),
     ({"llama.context_length": 0}, None, "max_position_embeddings is 0"),
     ({"llama.rope.freq_base": float("nan")}, None, "rope_theta is nan"),

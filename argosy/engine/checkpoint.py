@@ -108,7 +108,7 @@ def load_model_config(folder: str | Path) -> ModelConfig:
         return _hf_config(cfg, arch, rope, rope_theta, rope_type, eos_ids, use_sliding)
     except CheckpointError as e:
         raise CheckpointError(f"{path}: {e}") from None
-    except (TypeError, ValueError, ZeroDivisionError) as e:  # e.g. a head count that is a string, or 0
+    except (TypeError, ValueError) as e:  # e.g. a head count that is a string
         raise CheckpointError(f"{path}: a value does not describe a model ({type(e).__name__}: {e})") from None
 
 
@@ -155,18 +155,25 @@ def safetensors_files(folder: str | Path) -> list[Path]:
     return files
 
 
+def layer_count_problem(held: set[int], count: int) -> str | None:
+    """Why the layer (GGUF: block) indices a checkpoint's tensors hold are not 0..count-1, or None. A config
+    claiming a million layers built them all before the load found the weights missing (minutes)."""
+    if held == set(range(count)):
+        return None
+    what = f"{min(held)}-{max(held)} ({len(held)} in all)" if held else "none"
+    return f"its config gives {count} layers; its weights hold layers {what}"
+
+
 def check_layer_count(folder: str | Path, cfg: ModelConfig) -> None:
-    """The layers the weights hold (read from the safetensors headers, no tensor data) must be the ones
-    config.json counts: a config claiming a million layers built them all on the meta device for minutes
-    before the load found the weights missing."""
+    """layer_count_problem for a folder, from its safetensors headers (no tensor data is read)."""
     layers: set[int] = set()
     for path in safetensors_files(folder):
         with safe_open(str(path), framework="pt") as f:
             layers.update(int(p[2]) for p in (name.split(".") for name in f.keys())
                           if len(p) > 3 and p[:2] == ["model", "layers"] and p[2].isdigit())
-    if layers != set(range(cfg.num_layers)):
-        held = f"layers {min(layers)}-{max(layers)} ({len(layers)} in all)" if layers else "no layers"
-        raise CheckpointError(f"{folder}: config.json gives {cfg.num_layers} layers; its weights hold {held}")
+    problem = layer_count_problem(layers, cfg.num_layers)
+    if problem:
+        raise CheckpointError(f"{folder}: {problem}")
 
 
 def iter_weights(folder: str | Path, device: torch.device | str = "cpu") -> Iterator[tuple[str, torch.Tensor]]:

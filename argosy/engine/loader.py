@@ -54,7 +54,9 @@ def open_checkpoint(path: str | Path) -> Checkpoint:
         from argosy.engine.gguf.loader import GGUFCheckpoint
 
         return GGUFCheckpoint(str(path), gguf_model_config(path))
-    return HFCheckpoint(str(path), load_model_config(path))
+    config = load_model_config(path)
+    check_layer_count(path, config)
+    return HFCheckpoint(str(path), config)
 
 
 def load_model(checkpoint: Checkpoint, config: EngineConfig, device: torch.device, dtype: torch.dtype,
@@ -65,8 +67,6 @@ def load_model(checkpoint: Checkpoint, config: EngineConfig, device: torch.devic
 
         model = build_gguf_model(checkpoint.path, checkpoint.config, device, dtype, platform.place_weights)
     else:
-        if isinstance(checkpoint, HFCheckpoint):  # a folder's files (other Checkpoints stream their own tensors)
-            check_layer_count(checkpoint.path, checkpoint.config)
         with torch.device("meta"):
             model = LlamaForCausalLM(checkpoint.config)
         model = model.to_empty(device=device).to(dtype)

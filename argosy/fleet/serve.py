@@ -80,20 +80,20 @@ def checkpoint_problem(checkpoint: str) -> str | None:
     return f"no checkpoint at {checkpoint} (not a folder with config.json, nor a .gguf file)"
 
 
-def config_problem(m) -> str | None:
-    """One line when a generative model's checkpoint has a config no model has (no heads, a NaN RoPE base, a
-    GGUF file whose blocks are not the ones its metadata counts), else None. Without this check `serve`
-    started, and its replicas failed one after another, backing off, with the reason in their detail."""
-    if m.kind != "generate":
+def config_problem(checkpoint: str, kind: str) -> str | None:
+    """Why a generative model's checkpoint describes no model this engine can build (no heads, a NaN RoPE
+    base, layers its weights do not hold), or None. Without this check `serve` started, and its replicas
+    failed one after another, backing off, the reason only in their detail."""
+    if kind != "generate":
         return None
     from argosy.engine.checkpoint import CheckpointError
     from argosy.engine.loader import open_checkpoint
     from argosy.engine.model_names import resolve_model
 
     try:
-        open_checkpoint(resolve_model(m.resolved()[m.stable_at_start()].checkpoint))
+        open_checkpoint(resolve_model(checkpoint))
     except CheckpointError as e:
-        return f"model {m.name!r}: {e}"
+        return str(e)
     return None
 
 
@@ -142,13 +142,18 @@ def run_serve(args: argparse.Namespace) -> int:
     from argosy.fleet.components import kind_mismatch
 
     for m in managed(fleet):
-        problem = checkpoint_problem(m.resolved()[m.stable_at_start()].checkpoint)  # others: when rolled out to
+        checkpoint = m.resolved()[m.stable_at_start()].checkpoint  # others: checked when rolled out to
+        problem = checkpoint_problem(checkpoint)
         if problem:
             print(f"argosy serve: model {m.name!r}: {problem}", file=sys.stderr)
             return 2
-        mismatch = kind_mismatch(m) or config_problem(m)
+        mismatch = kind_mismatch(m)
         if mismatch:
             print(f"argosy serve: {mismatch}", file=sys.stderr)
+            return 2
+        problem = config_problem(checkpoint, m.kind)
+        if problem:
+            print(f"argosy serve: model {m.name!r}: {problem}", file=sys.stderr)
             return 2
     bound = bind(fleet, args, "argosy serve")
     if bound is None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import dataclasses
 import json
 import time
@@ -20,7 +21,10 @@ from argosy.server.errors import APIError
 from argosy.server.metrics import ServerMetrics
 from argosy.server.protocol import Fields, check_model, read_json_body
 
-LONG_PROMPT_CHARS = 16_384  # prompts this long are tokenized in a worker thread (ServerState.encode)
+LONG_PROMPT_CHARS = 16_384  # prompts this long are tokenized in a worker thread (ServerState.encode_long)
+# Its own workers, two (the cores a replica has here): long prompts do not take the default executor's
+# threads from grammar compiles and trace exports, nor more CPU than that.
+TOKENIZE_POOL = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="argosy-tokenize")
 
 
 def dumps(obj: Any) -> str:
@@ -73,25 +77,33 @@ class ServerState:
 
     async def encode(self, text: str, add_special_tokens: bool = True, param: str = "prompt",
                      within_context: bool = True) -> list[int]:
-        """Token ids of a prompt. A long one is tokenized in a worker thread (the tokenizer releases the GIL
-        there), after a check that needs no tokenizing (within_context): text longer than the context could
-        hold in any tokens is a 400. On the event loop or the engine thread, a 7.5 MB prompt (under the 8 MiB body
-        limit) held every other request and stream for 5 s."""
-        tokenizer = self.tokenizer
+        """Token ids of a prompt: a short one here, a long one by encode_long."""
         if len(text) < LONG_PROMPT_CHARS:
-            return tokenizer.encode(text, add_special_tokens=add_special_tokens)
-        context = self.engine.max_model_len
+            return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+        return await self.encode_long(text, add_special_tokens, param, within_context)
+
+    async def encode_long(self, text: str, add_special_tokens: bool = True, param: str = "prompt",
+                          within_context: bool = True) -> list[int]:
+        """Token ids of a long prompt, from a worker of TOKENIZE_POOL (the tokenizer releases the GIL there),
+        after a check that needs no tokenizing (within_context): text longer than the context could hold in
+        any tokens is a 400. On the event loop or the engine thread, a 7.5 MB prompt (under the 8 MiB body
+        limit) held every other request and stream for 5 s. It is admitted like a waiting request and counted
+        as one until its worker is done, even when its client has left: a flood of long prompts is a 503 past
+        --max-queue, not an ever longer queue of tokenizing work."""
+        tokenizer, context = self.tokenizer, self.engine.max_model_len
         if within_context and len(text) > tokenizer.max_chars(context):
             raise APIError.bad_request(f"the prompt is {len(text):,} characters, more than this model's context of "
                                        f"{context} tokens can hold", param)
-        # Admitted like a waiting request, and counted as one while it is tokenized: a flood of long
-        # prompts is a 503 past --max-queue, not an ever longer queue of tokenizing threads.
         self.admit(1)
         self.tokenizing += 1
-        try:
-            return await asyncio.to_thread(tokenizer.encode, text, add_special_tokens)
-        finally:
-            self.tokenizing -= 1
+        job = asyncio.get_running_loop().run_in_executor(TOKENIZE_POOL, tokenizer.encode, text, add_special_tokens)
+        job.add_done_callback(self._tokenized)
+        return await asyncio.shield(job)  # a client that leaves does not free the slot before the worker does
+
+    def _tokenized(self, job: asyncio.Future) -> None:
+        self.tokenizing -= 1
+        if not job.cancelled():
+            job.exception()  # retrieved here: nobody may await a job whose client left
 
     def admit(self, n: int) -> None:
         if self.engine.num_waiting() + self.tokenizing + n > self.max_queue:
@@ -102,7 +114,7 @@ class ServerState:
         self.check_ready()
         self.admit(len(requests))
         # The engine would tokenize a text prompt on its own thread, between steps: a long one goes here.
-        requests = [dataclasses.replace(r, prompt=await self.encode(r.prompt))
+        requests = [dataclasses.replace(r, prompt=await self.encode_long(r.prompt))
                     if isinstance(r.prompt, str) and len(r.prompt) >= LONG_PROMPT_CHARS else r for r in requests]
         try:
             group = await self.engine.add(requests, arrival)

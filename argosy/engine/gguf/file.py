@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from argosy.engine.checkpoint import CheckpointError, ModelConfig
+from argosy.engine.checkpoint import CheckpointError, ModelConfig, layer_count_problem
 
 # GGUF architecture -> the Hugging Face architecture the engine runs. Mistral's files say "llama".
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
@@ -143,10 +143,8 @@ def gguf_model_config(path: str | os.PathLike, reader: Any = None) -> ModelConfi
         cfg = ModelConfig(**values)
     except CheckpointError as e:
         raise CheckpointError(f"{path}: {e}") from None
-    # The blocks the tensors hold must be the ones the metadata counts: a file claiming a million blocks,
-    # or holding fewer, is named here, not by a missing tensor's name mid-load (or a million-layer model).
     blocks = {int(n.split(".")[1]) for n in tensors if n.startswith("blk.") and n.split(".")[1].isdigit()}
-    if blocks != set(range(cfg.num_layers)):
-        held = f"blocks {min(blocks)}-{max(blocks)} ({len(blocks)} in all)" if blocks else "no blocks"
-        raise CheckpointError(f"{path}: its metadata gives {cfg.num_layers} blocks; its tensors hold {held}")
+    problem = layer_count_problem(blocks, cfg.num_layers)
+    if problem:
+        raise CheckpointError(f"{path}: {problem}")
     return cfg
