@@ -221,6 +221,9 @@ def test_profile_measures_the_engine_and_a_served_replica_then_sim_reads_it(tmp_
     assert [b for b, _ in prof.serving_table] == sorted(b for b, _ in prof.serving_table)
     assert prof.serving_table[0][0] == 1 and 1 < prof.serving_table[-1][0] <= 4  # the mean batch decoded in
     assert prof.request_s == serving["request_s"] >= 0
+    # Steps after 1, 2 and 3 neighbours' worth of weights went through the cache: one figure each, >= 0.
+    assert [n for n, _ in prof.neighbour_step_table] == [1.0, 2.0, 3.0]
+    assert all(t >= 0 for _, t in prof.neighbour_step_table)
     assert len(prof.request_s_quantiles) == 20 and list(prof.request_s_quantiles) == sorted(prof.request_s_quantiles)
     traffic = tmp_path / "t.yaml"
     traffic.write_text("duration_s: 20\nrate: 2\nprompt_tokens: {mean: 32}\noutput_tokens: {mean: 8}\n")

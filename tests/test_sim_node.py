@@ -28,6 +28,63 @@ def test_token_cpu_outside_the_engine_slows_a_shared_nodes_steps():
     assert own["tpot_s"]["p50"] == pytest.approx(0.010)
 
 
+def test_a_step_beside_busy_neighbours_reads_its_weights_again():
+    # Two replicas kept busy on a one-core node, 10 ms steps: each gets half the core, 20 ms a token. A
+    # step after a neighbour stepped costs 4 ms more (the profile's neighbour table), but only when the
+    # replica was off its core since (half the time here): (10 + 0.5 x 4) x 2 = 24 ms. One replica alone
+    # on the node, or replicas on their own hardware, pay nothing.
+    spec = {"duration_s": 60, "rate": 40, "prompt_tokens": {"mean": 16}, "output_tokens": {"mean": 30}}
+    prof = dataclasses.replace(constant_profile(0.010), neighbour_step_table=((1.0, 0.004),))
+    _, plain = simulate(spec, profile=constant_profile(0.010), replicas=2, node_cores=1.0)
+    _, packed = simulate(spec, profile=prof, replicas=2, node_cores=1.0)
+    _, own = simulate(spec, profile=prof, replicas=2)
+    _, alone = simulate({**spec, "rate": 0.5}, profile=prof, replicas=1, node_cores=1.0)
+    assert plain["tpot_s"]["p50"] == pytest.approx(0.020)
+    assert packed["tpot_s"]["p50"] == pytest.approx(0.024)
+    assert own["tpot_s"]["p50"] == pytest.approx(0.010)
+    assert alone["tpot_s"]["p50"] == pytest.approx(0.010)
+
+
+def test_the_neighbour_table_is_read_by_neighbours_at_work():
+    prof = dataclasses.replace(constant_profile(), neighbour_step_table=((3.0, 0.003), (1.0, 0.001)))
+    assert prof.neighbour_step_table[0] == (1.0, 0.001)  # sorted
+    assert prof.neighbour_step_s(0) == 0.0
+    assert prof.neighbour_step_s(1) == pytest.approx(0.001)
+    assert prof.neighbour_step_s(2) == pytest.approx(0.002)
+    assert prof.neighbour_step_s(7) == pytest.approx(0.003)  # flat beyond the measured neighbours
+    with pytest.raises(ValueError, match="node CPU"):
+        dataclasses.replace(prof, neighbour_step_table=((1.0, -0.001),))
+
+
+def test_the_neighbour_sweep_streams_the_models_weight_bytes(tmp_path, monkeypatch):
+    # The sweep streams n times the engine's weight bytes between steps: the model's own size, not a guess.
+    import numpy as np
+
+    from argosy.engine.config import EngineConfig
+    from argosy.engine.llm_engine import LLMEngine
+    from argosy.engine.random_model import make_random_model
+    from argosy.sim import measure
+
+    ckpt = tmp_path / "tiny"
+    make_random_model(ckpt, size="tiny", vocab_size=512)
+    engine = LLMEngine(EngineConfig(model=str(ckpt), device="cpu", max_num_seqs=4, max_num_batched_tokens=64,
+                                    kv_cache_memory_gib=0.05))
+    try:
+        size = measure._weight_bytes(engine)
+        from safetensors import safe_open
+
+        with safe_open(str(ckpt / "model.safetensors"), "pt") as f:
+            stored = sum(f.get_tensor(k).numel() * f.get_tensor(k).element_size() for k in f.keys())
+        assert size >= stored * 0.9  # every weight counted (tied or derived buffers may add a little)
+        sizes, real_ones = [], np.ones
+        monkeypatch.setattr(measure.np, "ones", lambda n: sizes.append(n * 8) or real_ones(n))
+        table = measure._neighbour_sweep(engine, measure._Prober(engine), 2, 1)
+    finally:
+        engine.close()
+    assert [n for n, _ in table] == [1.0, 2.0, 3.0] and all(t >= 0 for _, t in table)
+    assert sizes == [n * size // 8 * 8 for n in (1, 2, 3)]
+
+
 def test_node_cpu_is_read_by_streams_and_per_request():
     prof = dataclasses.replace(constant_profile(), node_token_cpu_table=((16.0, 0.001), (1.0, 0.004)),
                                node_request_cpu_s=0.002)

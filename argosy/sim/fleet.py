@@ -109,6 +109,8 @@ class FleetSim:
                                  budget, now, ready, self.prefix_tokens)
         if self.node is not None:
             rep.slowdown = functools.partial(self.node.step_factor, rep)
+            if self.generates:
+                rep.neighbour_s = functools.partial(self.node.neighbour_s, rep)
         region.replicas.append(rep)
         self.all_replicas.append(rep)
         self.by_name[rep.name] = rep

@@ -6,7 +6,8 @@ prefill chunk beside decodes). A least-squares fit, with coefficients kept >= 0,
 step = base + a * prefill_tokens + b * decode_seqs + c * kv_tokens + d * prefill_attention (query tokens x
 their context: a prompt's attention grows with its square), refitted once without outliers. Cold start
 is the time to load the engine and run its first step, in this process (a replica's process start and
-imports come on top).
+imports come on top). Last, decode steps after one, two and three replicas' worth of weights went
+through the cache: what a step costs more beside neighbours on a shared node (neighbour_step_table).
 """
 
 from __future__ import annotations
@@ -24,6 +25,9 @@ from argosy.engine.config import EngineConfig
 from argosy.engine.llm_engine import LLMEngine
 from argosy.engine.sampling_params import SamplingParams
 from argosy.sim.profile import StepProfile, model_shape
+
+NEIGHBOURS = (1, 2, 3)  # replicas' worth of weights through the cache between two steps
+NEIGHBOUR_CAP_BYTES = 256 << 20  # beyond any last-level cache: more evicts nothing more
 
 Obs = tuple[int, int, int, int, float]  # prefill tokens, decode sequences, KV tokens, prefill attention, seconds
 
@@ -49,6 +53,46 @@ class _Prober:
     def clear(self) -> None:
         for rid in list(self.engine.requests):
             self.engine.abort_request(rid)
+
+
+def _weight_bytes(engine: LLMEngine) -> int:
+    model = getattr(engine.runner, "model", None)
+    if model is None:
+        return 0
+    return sum(t.numel() * t.element_size() for t in itertools.chain(model.parameters(), model.buffers()))
+
+
+def _neighbour_sweep(engine: LLMEngine, probe: _Prober, batch: int, repeats: int) -> tuple[tuple[float, float], ...]:
+    """Decode steps of `batch` sequences after n replicas' worth of weights went through the cache between
+    them (a buffer streamed as a neighbour's step reads its weights), less the same steps back to back:
+    (n, seconds) for n in NEIGHBOURS. What packing replicas onto one node costs each step, from one replica."""
+    size = _weight_bytes(engine)
+    if size == 0:
+        return ()
+
+    def median_step(buffer: np.ndarray | None) -> float:
+        for _ in range(batch):
+            probe.add(32, engine.max_model_len - 32)
+        while any(s.num_output_tokens == 0 for s in engine.scheduler.running) or len(engine.scheduler.waiting):
+            engine.step()
+        times = []
+        for k in range(6 * repeats + 1):
+            if buffer is not None:
+                buffer.sum()  # every byte read, as a neighbour's step reads its weights
+            t = probe.timed_step()
+            if k:  # the first step after the prefills is a warm-up
+                times.append(t)
+        probe.clear()
+        return statistics.median(times)
+
+    alone = median_step(None)
+    rows = []
+    for n in NEIGHBOURS:
+        buffer = np.ones(max(min(n * size, NEIGHBOUR_CAP_BYTES) // 8, 1))
+        rows.append((float(n), median_step(buffer)))
+        del buffer
+    alone = (alone + median_step(None)) / 2  # before and after: a machine whose speed drifts
+    return tuple((n, max(t - alone, 0.0)) for n, t in rows)
 
 
 def _nnls(x: np.ndarray, y: np.ndarray, w: np.ndarray) -> np.ndarray:
@@ -146,6 +190,10 @@ def measure_profile(model: str, *, max_num_seqs: int = 64, token_budget: int = 5
     log(f"fit: step = {base * 1e3:.3f} ms + {per_tok * 1e6:.2f} us/prefill token + {per_seq * 1e6:.1f} "
         f"us/decode seq + {per_kv * 1e9:.2f} ns/KV token + {per_attn * 1e9:.3f} ns/prefill query x context token "
         f"(mean error {err * 100:.1f}%; {outliers} of {len(obs)} steps left out as outliers)")
+    neighbours = _neighbour_sweep(engine, probe, min(4, max_num_seqs), repeats)
+    if neighbours:
+        log("steps beside neighbours (their weights through the cache between two steps): "
+            + ", ".join(f"{t * 1e3:+.2f} ms after {n:g}" for n, t in neighbours))
     engine.close()
     params = None
     with contextlib.suppress(ValueError, KeyError):  # a checkpoint without a config.json: size unknown
@@ -155,6 +203,7 @@ def measure_profile(model: str, *, max_num_seqs: int = 64, token_budget: int = 5
         per_prefill_token_s=per_tok, per_decode_seq_s=per_seq, mem_base_s=0.0, per_kv_token_s=per_kv,
         per_prefill_attn_s=per_attn, decode_table=tuple(table), prefill_table=tuple(prefills),
         num_blocks=engine.kv.num_blocks, block_size=cfg.block_size, cold_start_s=cold_start,
+        neighbour_step_table=neighbours,
         notes={"max_num_seqs": max_num_seqs, "token_budget": token_budget, "fit_mean_rel_error": err, "params": params,
                "fit_outliers": outliers,
                "observations": [list(o) for o in obs]})

@@ -74,6 +74,12 @@ class StepProfile:
     # CPU seconds a replica's start takes on a node that is serving (argosy.sim.measure_node): a start on a
     # shared node is paced by it (by cold_start_s where 0).
     cold_start_cpu_s: float = 0.0
+    # What a step takes on top of its profiled time when neighbours on the node have stepped since it
+    # last did (neighbours, seconds), flat beyond the measured ones: their weights and KV push this
+    # replica's weights out of the shared last-level cache, so the step reads them from memory again
+    # (argosy.sim.measure: steps after n replicas' worth of weights streamed through the cache). The sim
+    # reads it only where replicas share a node (SimSettings.node_cores), by the neighbours busy then.
+    neighbour_step_table: tuple[tuple[float, float], ...] = ()
     notes: dict = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
@@ -88,11 +94,12 @@ class StepProfile:
             raise ValueError("step-time coefficients must be finite and >= 0")
         if not all(math.isfinite(b) and math.isfinite(t) and b >= 0 for b, t in self.serving_table):
             raise ValueError("serving_table entries must be finite (batch, seconds) pairs")
-        node = (self.node_request_cpu_s, self.cold_start_cpu_s, *(v for row in self.node_token_cpu_table for v in row))
+        node = (self.node_request_cpu_s, self.cold_start_cpu_s, *(v for row in self.node_token_cpu_table for v in row),
+                *(v for row in self.neighbour_step_table for v in row))
         if min(node, default=0.0) < 0 or not all(math.isfinite(v) for v in node):
             raise ValueError("node CPU figures must be finite and >= 0")
         # Sorted once here, read on every simulated step.
-        for name in ("serving_table", "prefill_table", "node_token_cpu_table"):
+        for name in ("serving_table", "prefill_table", "node_token_cpu_table", "neighbour_step_table"):
             object.__setattr__(self, name, tuple(sorted(tuple(row) for row in getattr(self, name))))
 
     def compute_s(self, prefill_tokens: int, decode_seqs: int, prefill_attn: int = 0) -> float:
@@ -129,6 +136,13 @@ class StepProfile:
                     + max(self.per_prefill_attn_s * prefill_attn, self.per_kv_token_s * kv_tokens))
         c, m = self.compute_s(prefill_tokens, decode_seqs, prefill_attn), self.memory_s(kv_tokens)
         return c + m if self.combine == "sum" else max(c, m)
+
+    def neighbour_step_s(self, neighbours: int) -> float:
+        """Seconds a step takes beyond its profiled time after `neighbours` replicas on its node stepped."""
+        pts = self.neighbour_step_table
+        if not pts or neighbours <= 0:
+            return 0.0
+        return max(_along(((0.0, 0.0), *pts), min(float(neighbours), pts[-1][0])), 0.0)
 
     def node_cpu_s(self, batch: int, tokens: int, first_tokens: int) -> float:
         """CPU seconds the node spends outside the engines on `tokens` output tokens of a step of `batch`

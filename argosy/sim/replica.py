@@ -76,6 +76,7 @@ class SimReplica:
         # Replicas sharing a node's cores: given a step's profiled seconds and the node CPU seconds its
         # tokens cost outside the engine, its time multiplier, read when it starts (SharedNode.step_factor).
         self.slowdown: Callable[[float, float], float] | None = None
+        self.neighbour_s: Callable[[], float] | None = None  # its step's extra beside busy neighbours
         self.itl: list[tuple[float, int]] = []  # (inter-token gap, tokens with that gap)
 
     def now_starting(self, now: float) -> bool:
@@ -157,6 +158,9 @@ class SimReplica:
         else:
             times = [prof.step_s(prefill, decodes, kv, attn)]
         if self.slowdown is not None:  # replicas sharing a CPU node's cores (FleetSim, --node-cores)
+            if self.neighbour_s is not None:
+                extra = self.neighbour_s()
+                times = [t + extra for t in times]
             batch = decodes + completed
             f = self.slowdown(sum(times), prof.node_cpu_s(batch, batch * len(times), first))
             times = [t * f for t in times]

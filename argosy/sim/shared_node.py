@@ -6,7 +6,9 @@ load generator on the node); a replica that is starting asks for one core. While
 the node has, every step runs (asked / cores) times slower than profiled: its time is scaled when it
 starts, and a run of decode steps keeps the factor it started with. A start is one core's work (the
 profile's cold_start_cpu_s, measured beside a serving replica; else cold_start_s, measured alone) done at
-the share of a core it gets, re-paced whenever a replica starts and at each autoscaler tick.
+the share of a core it gets, re-paced whenever a replica starts and at each autoscaler tick. A step
+also reads its weights from memory again when its neighbours have stepped since (the profile's
+neighbour_step_table, by how many are at work): one replica's profile has them in cache.
 """
 
 from __future__ import annotations
@@ -50,6 +52,17 @@ class SharedNode:
         CPU seconds outside the engine."""
         self.demand[rep] = self.threads + (cpu / seconds if seconds > 0 else 0.0)
         return max(1.0, (self.demand[rep] + self.asked(rep)) / self.cores)
+
+    def neighbour_s(self, rep) -> float:
+        """What `rep`'s next step takes beyond its profile because its neighbours (the node's other
+        replicas at work: stepping or starting) pushed its weights out of the shared cache."""
+        others = sum(1 for r in self.live() if r is not rep and (r.busy or r in self.starts))
+        if not others:
+            return 0.0
+        # Only a step that starts after the replica was off its core finds its weights gone; it is off
+        # for the share of the time the node cannot give it (all at work asking for more than the cores).
+        off = max(0.0, 1.0 - self.cores / (self.demand.get(rep, self.threads) + self.asked(rep)))
+        return off * self.profile.neighbour_step_s(others)
 
     def start(self, rep, now: float) -> None:
         self.starts[rep] = _Start(self.profile.cold_start_cpu_s or self.profile.cold_start_s, now)
