@@ -13,8 +13,9 @@ node's CPU per token at that concurrency; the difference between the long and th
 concurrency 1 splits off what a request costs by itself. The per-token cost falls with concurrency
 (a wake-up of the event loops carries more chunks), so it is kept by batch, as the serving table is.
 Then the 4-stream run again beside one and two processes that each read the model's weight bytes over
-and over, as replicas stepping on the node would: the CPU per token rises (caches lost to the
-neighbours, threads sharing cores), and its ratio to the run alone is `node_neighbour_cpu_table`.
+and over, as replicas stepping on the node would, and once more alone: the CPU per token rises (caches
+lost to the neighbours, threads sharing cores), and its ratio to the two runs alone is
+`node_neighbour_cpu_table`.
 Last, a replica is started beside the serving one under load: the CPU time its start takes there is
 what the sim paces a start on a busy node by (more than alone, where CPU time ~ wall time).
 """
@@ -243,6 +244,9 @@ def measure_node(model: str, prof: StepProfile, *, max_num_seqs: int, token_budg
                 with _neighbours(n, size):
                     crowded[n] = _run(url, proc.pid, mid, requests, prompt_tokens, output_tokens,
                                       Path(tmp) / f"n{n}.json", fixed)
+            # Alone again after them: the ratios are against the mean of both, as the host's speed drifts.
+            again = _run(url, proc.pid, mid, requests, prompt_tokens, output_tokens, Path(tmp) / "again.json",
+                         fixed) if crowded else runs[mid]
             start_cpu = _start_cpu_under_load(url, model, engine, prompt_tokens, output_tokens, Path(tmp))
         finally:
             stop_serve(proc)
@@ -252,7 +256,7 @@ def measure_node(model: str, prof: StepProfile, *, max_num_seqs: int, token_budg
     per_request = max(cpu_l / n_l - per_token_1 * tok_l / n_l, 0.0)
     table = tuple((float(c), max((cpu - n * per_request) / tok, 0.0)) for c, (cpu, tok, n) in runs.items())
     # Whole runs against whole runs (per-request CPU included): the split above is the noisiest figure.
-    alone = runs[mid][0] / runs[mid][1]
+    alone = (runs[mid][0] + again[0]) / (runs[mid][1] + again[1])
     ratios = tuple((float(n), max(cpu / tok / alone, 1.0) if alone > 0 else 1.0)
                    for n, (cpu, tok, _) in crowded.items())
     log("node CPU outside the engines (gateway, event loops, client): "
