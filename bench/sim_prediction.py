@@ -11,9 +11,11 @@
    cores as the real ones do (`--node-cores`: one engine thread each, plus the profile's CPU per token
    for the gateway, the event loops and the load generator), with nothing refitted;
 4. print measured against predicted TTFT p50/p90, TPOT p50, output throughput and the mean number of
-   ready replicas, with % errors (target: each within 15%).
+   ready replicas, with % errors (target: each within 15%); with --repeat, each trace is served a second
+   time on a fresh fleet and the two measurements are compared too: how far the real fleet is from
+   itself on this machine, which no prediction can be expected to beat.
 
-    .venv/bin/python bench/sim_prediction.py [--duration 90] [--node-cores 2] [--loads 0.3,0.6,0.9]
+    .venv/bin/python bench/sim_prediction.py [--duration 90] [--node-cores 2] [--loads 0.3,0.6,0.9] [--repeat]
 
 Run it on a quiet machine: every replica, the gateway and the load generator share its cores.
 """
@@ -167,6 +169,9 @@ def main() -> int:
     ap.add_argument("--node-cores", type=float, default=float(os.cpu_count() or 2),
                     help="cores the replicas share (default: this machine's)")
     ap.add_argument("--model", default=None, help="checkpoint folder (default: the built-in model)")
+    ap.add_argument("--repeat", action="store_true",
+                    help="serve each trace twice and print the fleet against itself: the noise floor no "
+                         "prediction can beat on this machine")
     ap.add_argument("-o", "--output", default=None, help="write the figures as JSON here")
     args = ap.parse_args()
     os.environ["OMP_NUM_THREADS"] = "1"  # every replica runs one engine thread (read by each child at start)
@@ -190,7 +195,7 @@ def main() -> int:
     loads.append(("bursty", TrafficSpec(duration_s=args.duration, rate=0.45 * cap, burstiness=0.3, seed=11,
                                         spikes=[{"at_s": args.duration / 3, "duration_s": 15, "multiplier": 2}],
                                         **SHAPE)))
-    rows, worst = [], 0.0
+    rows, worst, floor = [], 0.0, 0.0
     for i, (name, spec) in enumerate(loads, 1):
         from argosy.sim.traffic import make_requests
 
@@ -217,16 +222,31 @@ def main() -> int:
         row = {"load": name, "requests": len(records), "ok": len(ok), "measured": meas, "predicted": pred,
                "replicas_measured": counts,
                "replicas_predicted": [(r["t"], sum(r["replicas"].values())) for r in res["timeline"]]}
+        if args.repeat:  # the same requests again on a fresh fleet: how far the fleet is from itself
+            print(f"2/3 [{name}] the same requests again (--repeat) ...", flush=True)
+            again_counts = serve_and_bench(fleet, sent, tmp / f"again-{i}.json")
+            again_records = json.loads((tmp / f"again-{i}.json").read_text())["runs"][0]["records"]
+            again = measured(again_records)
+            again["replicas"] = mean_replicas([(t, float(n)) for t, n in again_counts], again["span_s"])
+            row["measured_again"] = again
         rows.append(row)
+        again = row.get("measured_again")
         print(f"\n{name}: {len(ok)}/{len(records)} requests ok\n{'figure':<22}{'measured':>12}{'predicted':>12}"
-              f"{'error':>10}")
+              f"{'error':>10}" + (f"{'again':>12}{'apart':>10}" if again else ""))
         for key, label, scale, unit in ROWS:
             err = (pred[key] - meas[key]) / meas[key] if meas[key] else float("nan")
             worst = max(worst, abs(err))
-            print(f"{label + ' (' + unit + ')':<22}{meas[key] * scale:>12.1f}{pred[key] * scale:>12.1f}"
-                  f"{err * 100:>+9.1f}%")
+            line = (f"{label + ' (' + unit + ')':<22}{meas[key] * scale:>12.1f}{pred[key] * scale:>12.1f}"
+                    f"{err * 100:>+9.1f}%")
+            if again:
+                apart = (again[key] - meas[key]) / meas[key] if meas[key] else float("nan")
+                line += f"{again[key] * scale:>12.1f}{apart * 100:>+9.1f}%"
+                floor = max(floor, abs(apart))
+            print(line)
         print(flush=True)
     print(f"worst error {worst * 100:.1f}% over {len(rows)} loads (target: each within 15%)")
+    if args.repeat:
+        print(f"the fleet against itself (the same requests served twice): worst {floor * 100:.1f}% apart")
     if args.output:
         Path(args.output).write_text(json.dumps({"profile": str(tmp / "profile.json"), "capacity_rps": cap,
                                                  "node_cores": args.node_cores, "rows": rows}, indent=1))
