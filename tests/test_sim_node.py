@@ -85,26 +85,6 @@ def test_the_neighbour_sweep_streams_the_models_weight_bytes(tmp_path, monkeypat
     assert sizes == [n * size // 8 * 8 for n in (1, 2, 3)]
 
 
-def test_node_cpu_outside_the_engines_grows_with_neighbours_at_work(tmp_path):
-    # Two requests at once on two replicas of a one-core node, 10 ms steps, 5 ms of node CPU a token
-    # alone, x1.4 beside one neighbour at work: each step asks for 1 + 0.7 cores, two of them on one
-    # core: (1.7 + 1.7) x 10 ms = 34 ms a token; 30 ms without the ratio. One replica with both requests
-    # has no neighbour: a step of 2 tokens asks for 1 + 2 x 0.5 cores, 20 ms.
-    trace = tmp_path / "two.jsonl"
-    trace.write_text('{"timestamp": 0, "prompt_tokens": 16, "output_tokens": 200}\n' * 2)
-    spec = {"duration_s": 10, "trace": str(trace)}
-    prof = dataclasses.replace(constant_profile(0.010), node_token_cpu_table=((1.0, 0.005),),
-                               node_neighbour_cpu_table=((1.0, 1.4),))
-    _, packed = simulate(spec, profile=prof, replicas=2, node_cores=1.0)
-    _, alone = simulate(spec, profile=prof, replicas=1, node_cores=1.0)
-    _, plain = simulate(spec, profile=dataclasses.replace(prof, node_neighbour_cpu_table=()), replicas=2,
-                        node_cores=1.0)
-    assert alone["tpot_s"]["p50"] == pytest.approx(0.020, rel=0.02)
-    assert packed["tpot_s"]["p50"] == pytest.approx(0.034, rel=0.02)
-    assert plain["tpot_s"]["p50"] == pytest.approx(0.030, rel=0.02)
-    assert prof.node_cpu_ratio(0) == 1.0 and prof.node_cpu_ratio(5) == pytest.approx(1.4)
-
-
 def test_node_cpu_is_read_by_streams_and_per_request():
     prof = dataclasses.replace(constant_profile(), node_token_cpu_table=((16.0, 0.001), (1.0, 0.004)),
                                node_request_cpu_s=0.002)
@@ -173,25 +153,6 @@ def test_measure_node_behind_a_real_gateway(tmp_path):
     assert 1e-5 < prof.node_token_cpu_table[0][1] < 0.05
     assert prof.cold_start_cpu_s > 0.5  # a start takes seconds of CPU (imports, load, warm-up)
     assert prof.notes["node"]["start_cpu_s"] == prof.cold_start_cpu_s
-    # The 4-stream run again beside one and two processes reading the model's weight bytes: ratios >= 1.
-    assert [n for n, _ in prof.node_neighbour_cpu_table] == [1.0, 2.0]
-    assert all(1.0 <= r < 10 for _, r in prof.node_neighbour_cpu_table)
-
-
-def test_neighbours_stream_the_checkpoints_weight_bytes(tmp_path):
-    from argosy.engine.random_model import make_random_model
-    from argosy.sim.measure_node import _neighbours, weight_bytes_on_disk
-
-    ckpt = tmp_path / "tiny"
-    make_random_model(ckpt, size="tiny", vocab_size=512)
-    size = weight_bytes_on_disk(str(ckpt))
-    assert size == (ckpt / "model.safetensors").stat().st_size
-    assert weight_bytes_on_disk(str(ckpt / "model.safetensors")) == size  # a file checkpoint (GGUF) too
-    before = os.times()
-    with _neighbours(2, 8 << 20):
-        time.sleep(1.0)
-    after = os.times()  # the killed and reaped neighbours' CPU: both were reading the whole time
-    assert after.children_user + after.children_system - before.children_user - before.children_system > 1.0
 
 
 def test_profile_node_is_for_a_generating_model_on_this_machine(capsys):

@@ -12,10 +12,6 @@ concurrency 1. The CPU time of every thread of the serve process and its replica
 node's CPU per token at that concurrency; the difference between the long and the short outputs at
 concurrency 1 splits off what a request costs by itself. The per-token cost falls with concurrency
 (a wake-up of the event loops carries more chunks), so it is kept by batch, as the serving table is.
-Then the 4-stream run again beside one and two processes that each read the model's weight bytes over
-and over, as replicas stepping on the node would, and once more alone: the CPU per token rises (caches
-lost to the neighbours, threads sharing cores), and its ratio to the two runs alone is
-`node_neighbour_cpu_table`.
 Last, a replica is started beside the serving one under load: the CPU time its start takes there is
 what the sim paces a start on a busy node by (more than alone, where CPU time ~ wall time).
 """
@@ -42,8 +38,6 @@ from argosy.sim.profile import StepProfile
 
 ENGINE_THREAD = "argosy-engine"
 CONCURRENCY = (1, 4, 16)
-NEIGHBOURS = (1, 2)  # processes streaming a replica's weights beside the served one
-_STREAM = "import sys, numpy as np\nb = np.ones(max(int(sys.argv[1]) // 8, 1))\nwhile True:\n    b.sum()\n"
 SHORT_OUTPUT = 8
 TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
 
@@ -157,28 +151,6 @@ def _run(url: str, root: int, concurrency: int, n: int, prompt_tokens: int, outp
     return cpu, sum(r["output_tokens"] for r in ok), len(ok)
 
 
-def weight_bytes_on_disk(model: str) -> int:
-    """The checkpoint's weight files' size: what a replica of it reads each step."""
-    path = Path(model)
-    if path.is_file():
-        return path.stat().st_size
-    return sum(f.stat().st_size for pattern in ("*.safetensors", "*.gguf", "*.bin") for f in path.glob(pattern))
-
-
-@contextlib.contextmanager
-def _neighbours(n: int, size: int):
-    """`n` processes each reading `size` bytes over and over, as replicas stepping on the node read theirs."""
-    procs = [subprocess.Popen([sys.executable, "-c", _STREAM, str(size)]) for _ in range(n)]
-    try:
-        time.sleep(0.5)  # their buffers allocated and streaming
-        yield
-    finally:
-        for proc in procs:
-            proc.kill()
-        for proc in procs:
-            proc.wait()
-
-
 def _start_cpu_under_load(url: str, model: str, engine: dict, prompt_tokens: int, output_tokens: int,
                           tmp: Path) -> float:
     """CPU seconds a replica takes from its start to /ready while the node serves (closed loop, 4 streams).
@@ -236,17 +208,6 @@ def measure_node(model: str, prof: StepProfile, *, max_num_seqs: int, token_budg
             short = _run(url, proc.pid, 1, requests, prompt_tokens, SHORT_OUTPUT, Path(tmp) / "short.json", fixed)
             runs = {c: _run(url, proc.pid, c, requests, prompt_tokens, output_tokens, Path(tmp) / f"c{c}.json", fixed)
                     for c in CONCURRENCY if c <= max_num_seqs}
-            # The same CPU with neighbours at work (their weights through the caches, their threads on the
-            # cores), at 4 streams: a ratio the sim applies at every batch.
-            mid, size = max(c for c in runs if c <= 4), weight_bytes_on_disk(model)
-            crowded = {}
-            for n in NEIGHBOURS if size else ():
-                with _neighbours(n, size):
-                    crowded[n] = _run(url, proc.pid, mid, requests, prompt_tokens, output_tokens,
-                                      Path(tmp) / f"n{n}.json", fixed)
-            # Alone again after them: the ratios are against the mean of both, as the host's speed drifts.
-            again = _run(url, proc.pid, mid, requests, prompt_tokens, output_tokens, Path(tmp) / "again.json",
-                         fixed) if crowded else runs[mid]
             start_cpu = _start_cpu_under_load(url, model, engine, prompt_tokens, output_tokens, Path(tmp))
         finally:
             stop_serve(proc)
@@ -255,17 +216,10 @@ def measure_node(model: str, prof: StepProfile, *, max_num_seqs: int, token_budg
     per_token_1 = (cpu_l / n_l - cpu_s / n_s) / (tok_l / n_l - tok_s / n_s)
     per_request = max(cpu_l / n_l - per_token_1 * tok_l / n_l, 0.0)
     table = tuple((float(c), max((cpu - n * per_request) / tok, 0.0)) for c, (cpu, tok, n) in runs.items())
-    # Whole runs against whole runs (per-request CPU included): the split above is the noisiest figure.
-    alone = (runs[mid][0] + again[0]) / (runs[mid][1] + again[1])
-    ratios = tuple((float(n), max(cpu / tok / alone, 1.0) if alone > 0 else 1.0)
-                   for n, (cpu, tok, _) in crowded.items())
     log("node CPU outside the engines (gateway, event loops, client): "
         + ", ".join(f"{t * 1e6:.0f} us/token at {c:g} streams" for c, t in table)
-        + f"; {per_request * 1e3:.2f} ms per request; "
-        + "".join(f"x{r:.2f} beside {n:g} neighbours, " for n, r in ratios)
-        + f"a replica's start under load: {start_cpu:.1f} CPU-s")
+        + f"; {per_request * 1e3:.2f} ms per request; a replica's start under load: {start_cpu:.1f} CPU-s")
     return dataclasses.replace(prof, node_token_cpu_table=table, node_request_cpu_s=per_request,
-                               node_neighbour_cpu_table=ratios, cold_start_cpu_s=start_cpu,
+                               cold_start_cpu_s=start_cpu,
                                notes={**prof.notes, "node": {"table": [list(t) for t in table],
-                                                             "request_cpu_s": per_request, "start_cpu_s": start_cpu,
-                                                             "neighbour_ratios": [list(r) for r in ratios]}})
+                                                             "request_cpu_s": per_request, "start_cpu_s": start_cpu}})

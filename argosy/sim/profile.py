@@ -71,9 +71,6 @@ class StepProfile:
     # replicas share a node's cores (SimSettings.node_cores).
     node_token_cpu_table: tuple[tuple[float, float], ...] = ()
     node_request_cpu_s: float = 0.0
-    # How much more that CPU is with neighbours at work on the node (neighbours, ratio), flat beyond:
-    # measured with processes streaming a replica's weights each beside the served one.
-    node_neighbour_cpu_table: tuple[tuple[float, float], ...] = ()
     # CPU seconds a replica's start takes on a node that is serving (argosy.sim.measure_node): a start on a
     # shared node is paced by it (by cold_start_s where 0).
     cold_start_cpu_s: float = 0.0
@@ -98,13 +95,11 @@ class StepProfile:
         if not all(math.isfinite(b) and math.isfinite(t) and b >= 0 for b, t in self.serving_table):
             raise ValueError("serving_table entries must be finite (batch, seconds) pairs")
         node = (self.node_request_cpu_s, self.cold_start_cpu_s, *(v for row in self.node_token_cpu_table for v in row),
-                *(v for row in self.neighbour_step_table for v in row),
-                *(v for row in self.node_neighbour_cpu_table for v in row))
+                *(v for row in self.neighbour_step_table for v in row))
         if min(node, default=0.0) < 0 or not all(math.isfinite(v) for v in node):
             raise ValueError("node CPU figures must be finite and >= 0")
         # Sorted once here, read on every simulated step.
-        for name in ("serving_table", "prefill_table", "node_token_cpu_table", "neighbour_step_table",
-                     "node_neighbour_cpu_table"):
+        for name in ("serving_table", "prefill_table", "node_token_cpu_table", "neighbour_step_table"):
             object.__setattr__(self, name, tuple(sorted(tuple(row) for row in getattr(self, name))))
 
     def compute_s(self, prefill_tokens: int, decode_seqs: int, prefill_attn: int = 0) -> float:
@@ -148,13 +143,6 @@ class StepProfile:
         if not pts or neighbours <= 0:
             return 0.0
         return max(_along(((0.0, 0.0), *pts), min(float(neighbours), pts[-1][0])), 0.0)
-
-    def node_cpu_ratio(self, neighbours: int) -> float:
-        """How many times its CPU alone the node spends outside the engines with `neighbours` at work."""
-        pts = self.node_neighbour_cpu_table
-        if not pts or neighbours <= 0:
-            return 1.0
-        return max(_along(((0.0, 1.0), *pts), min(float(neighbours), pts[-1][0])), 1.0)
 
     def node_cpu_s(self, batch: int, tokens: int, first_tokens: int) -> float:
         """CPU seconds the node spends outside the engines on `tokens` output tokens of a step of `batch`

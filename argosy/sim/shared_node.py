@@ -8,8 +8,7 @@ starts, and a run of decode steps keeps the factor it started with. A start is o
 profile's cold_start_cpu_s, measured beside a serving replica; else cold_start_s, measured alone) done at
 the share of a core it gets, re-paced whenever a replica starts and at each autoscaler tick. A step
 also reads its weights from memory again when its neighbours have stepped since (the profile's
-neighbour_step_table, by how many are at work): one replica's profile has them in cache. The CPU
-outside the engines grows with the neighbours at work too (node_neighbour_cpu_table).
+neighbour_step_table, by how many are at work): one replica's profile has them in cache.
 """
 
 from __future__ import annotations
@@ -51,18 +50,13 @@ class SharedNode:
     def step_factor(self, rep, seconds: float, cpu: float) -> float:
         """The time multiplier of `rep`'s step of `seconds` (as profiled) whose tokens cost the node `cpu`
         CPU seconds outside the engine."""
-        cpu *= self.profile.node_cpu_ratio(self.at_work(rep))
         self.demand[rep] = self.threads + (cpu / seconds if seconds > 0 else 0.0)
         return max(1.0, (self.demand[rep] + self.asked(rep)) / self.cores)
-
-    def at_work(self, rep) -> int:
-        """The node's other replicas stepping or starting."""
-        return sum(1 for r in self.live() if r is not rep and (r.busy or r in self.starts))
 
     def neighbour_s(self, rep) -> float:
         """What `rep`'s next step takes beyond its profile because its neighbours (the node's other
         replicas at work: stepping or starting) pushed its weights out of the shared cache."""
-        others = self.at_work(rep)
+        others = sum(1 for r in self.live() if r is not rep and (r.busy or r in self.starts))
         if not others:
             return 0.0
         # Only a step that starts after the replica was off its core finds its weights gone; it is off
