@@ -14,18 +14,19 @@ from tests.test_sim import constant_profile, simulate
 pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="reads Linux's /proc")
 
 
+def tpot_p50(spec: dict, profile, **settings) -> float:
+    return simulate(spec, profile=profile, **settings)[1]["tpot_s"]["p50"]
+
+
 def test_token_cpu_outside_the_engine_slows_a_shared_nodes_steps():
     # One replica on a one-core node, 10 ms steps, one request at a time: alone a token takes 10 ms. If each
     # token also costs the node 5 ms of CPU elsewhere (gateway, event loop), the step asks for 1.5 cores of
     # the one: 15 ms. Without --node-cores the figures are not read.
     spec = {"duration_s": 120, "rate": 0.5, "prompt_tokens": {"mean": 16}, "output_tokens": {"mean": 10}}
     prof = dataclasses.replace(constant_profile(0.010), node_token_cpu_table=((1.0, 0.005),))
-    _, plain = simulate(spec, profile=constant_profile(0.010), replicas=1, node_cores=1.0)
-    _, costly = simulate(spec, profile=prof, replicas=1, node_cores=1.0)
-    _, own = simulate(spec, profile=prof, replicas=1)
-    assert plain["tpot_s"]["p50"] == pytest.approx(0.010)
-    assert costly["tpot_s"]["p50"] == pytest.approx(0.015)
-    assert own["tpot_s"]["p50"] == pytest.approx(0.010)
+    assert tpot_p50(spec, constant_profile(0.010), replicas=1, node_cores=1.0) == pytest.approx(0.010)
+    assert tpot_p50(spec, prof, replicas=1, node_cores=1.0) == pytest.approx(0.015)
+    assert tpot_p50(spec, prof, replicas=1) == pytest.approx(0.010)
 
 
 def test_a_step_beside_busy_neighbours_reads_its_weights_again():
@@ -35,14 +36,10 @@ def test_a_step_beside_busy_neighbours_reads_its_weights_again():
     # on the node, or replicas on their own hardware, pay nothing.
     spec = {"duration_s": 60, "rate": 40, "prompt_tokens": {"mean": 16}, "output_tokens": {"mean": 30}}
     prof = dataclasses.replace(constant_profile(0.010), neighbour_step_table=((1.0, 0.004),))
-    _, plain = simulate(spec, profile=constant_profile(0.010), replicas=2, node_cores=1.0)
-    _, packed = simulate(spec, profile=prof, replicas=2, node_cores=1.0)
-    _, own = simulate(spec, profile=prof, replicas=2)
-    _, alone = simulate({**spec, "rate": 0.5}, profile=prof, replicas=1, node_cores=1.0)
-    assert plain["tpot_s"]["p50"] == pytest.approx(0.020)
-    assert packed["tpot_s"]["p50"] == pytest.approx(0.024)
-    assert own["tpot_s"]["p50"] == pytest.approx(0.010)
-    assert alone["tpot_s"]["p50"] == pytest.approx(0.010)
+    assert tpot_p50(spec, constant_profile(0.010), replicas=2, node_cores=1.0) == pytest.approx(0.020)
+    assert tpot_p50(spec, prof, replicas=2, node_cores=1.0) == pytest.approx(0.024)
+    assert tpot_p50(spec, prof, replicas=2) == pytest.approx(0.010)
+    assert tpot_p50({**spec, "rate": 0.5}, prof, replicas=1, node_cores=1.0) == pytest.approx(0.010)
 
 
 def test_the_neighbour_table_is_read_by_neighbours_at_work():
