@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import threading
 import time
@@ -53,10 +54,22 @@ def test_the_neighbour_table_is_read_by_neighbours_at_work():
         dataclasses.replace(prof, neighbour_step_table=((1.0, -0.001),))
 
 
+@pytest.mark.parametrize("table", [[[1]], [[1, 0.001, 5]], [["a", 0.001]], [[1, None]], "x", [[True, 0.001]]])
+@pytest.mark.parametrize("name", ["neighbour_step_table", "node_token_cpu_table", "serving_table"])
+def test_a_hand_edited_profile_table_is_refused_by_name(tmp_path, name, table):
+    # A profile file is JSON a person may edit: a row that is not an [x, y] pair of numbers was a bare
+    # unpacking error in the middle of `argosy sim --node-cores` (exit 1, a traceback).
+    from argosy.sim.profile import load_profile
+
+    path = tmp_path / "p.json"
+    data = {**dataclasses.asdict(constant_profile()), name: table}
+    path.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match=f"not a valid profile: {name} must be a list of"):
+        load_profile(path)
+
+
 def test_the_neighbour_sweep_streams_the_models_weight_bytes(tmp_path, monkeypatch):
     # The sweep streams n times the engine's weight bytes between steps: the model's own size, not a guess.
-    import numpy as np
-
     from argosy.engine.config import EngineConfig
     from argosy.engine.llm_engine import LLMEngine
     from argosy.engine.random_model import make_random_model
@@ -73,13 +86,14 @@ def test_the_neighbour_sweep_streams_the_models_weight_bytes(tmp_path, monkeypat
         with safe_open(str(ckpt / "model.safetensors"), "pt") as f:
             stored = sum(f.get_tensor(k).numel() * f.get_tensor(k).element_size() for k in f.keys())
         assert size >= stored * 0.9  # every weight counted (tied or derived buffers may add a little)
-        sizes, real_ones = [], np.ones
-        monkeypatch.setattr(measure.np, "ones", lambda n: sizes.append(n * 8) or real_ones(n))
+        sizes, real_buffer = [], measure._neighbour_buffer
+        monkeypatch.setattr(measure, "_neighbour_buffer", lambda nbytes: sizes.append(nbytes) or real_buffer(nbytes))
         table = measure._neighbour_sweep(engine, measure._Prober(engine), 2, 1)
     finally:
         engine.close()
     assert [n for n, _ in table] == [1.0, 2.0, 3.0] and all(t >= 0 for _, t in table)
-    assert sizes == [n * size // 8 * 8 for n in (1, 2, 3)]
+    assert sizes == [n * size for n in (1, 2, 3)]
+    assert real_buffer(1 << 40).nbytes == measure.NEIGHBOUR_CAP_BYTES  # a huge model is not copied three times
 
 
 def test_node_cpu_is_read_by_streams_and_per_request():

@@ -27,7 +27,7 @@ from argosy.engine.sampling_params import SamplingParams
 from argosy.sim.profile import StepProfile, model_shape
 
 NEIGHBOURS = (1, 2, 3)  # replicas' worth of weights through the cache between two steps
-NEIGHBOUR_CAP_BYTES = 256 << 20  # beyond any last-level cache: more evicts nothing more
+NEIGHBOUR_CAP_BYTES = 256 << 20
 
 Obs = tuple[int, int, int, int, float]  # prefill tokens, decode sequences, KV tokens, prefill attention, seconds
 
@@ -62,6 +62,12 @@ def _weight_bytes(engine: LLMEngine) -> int:
     return sum(t.numel() * t.element_size() for t in itertools.chain(model.parameters(), model.buffers()))
 
 
+def _neighbour_buffer(nbytes: int) -> np.ndarray:
+    """What `nbytes` of neighbours' weights read through the cache stands in for (capped: past any
+    last-level cache, more evicts nothing more)."""
+    return np.ones(max(min(nbytes, NEIGHBOUR_CAP_BYTES) // 8, 1))
+
+
 def _neighbour_sweep(engine: LLMEngine, probe: _Prober, batch: int, repeats: int) -> tuple[tuple[float, float], ...]:
     """Decode steps of `batch` sequences after n replicas' worth of weights went through the cache between
     them (a buffer streamed as a neighbour's step reads its weights), less the same steps back to back:
@@ -86,11 +92,7 @@ def _neighbour_sweep(engine: LLMEngine, probe: _Prober, batch: int, repeats: int
         return statistics.median(times)
 
     alone = median_step(None)
-    rows = []
-    for n in NEIGHBOURS:
-        buffer = np.ones(max(min(n * size, NEIGHBOUR_CAP_BYTES) // 8, 1))
-        rows.append((float(n), median_step(buffer)))
-        del buffer
+    rows = [(float(n), median_step(_neighbour_buffer(n * size))) for n in NEIGHBOURS]
     alone = (alone + median_step(None)) / 2  # before and after: a machine whose speed drifts
     return tuple((n, max(t - alone, 0.0)) for n, t in rows)
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 from bisect import bisect_left
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -83,6 +84,9 @@ class StepProfile:
     notes: dict = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
+        # Sorted once here, read on every simulated step.
+        for name in ("serving_table", "prefill_table", "node_token_cpu_table", "neighbour_step_table"):
+            object.__setattr__(self, name, _pairs(name, getattr(self, name)))
         if self.combine not in ("sum", "max", "split"):
             raise ValueError(f"combine must be sum, max or split, got {self.combine!r}")
         if self.num_blocks < 1 or self.block_size < 1:
@@ -98,9 +102,6 @@ class StepProfile:
                 *(v for row in self.neighbour_step_table for v in row))
         if min(node, default=0.0) < 0 or not all(math.isfinite(v) for v in node):
             raise ValueError("node CPU figures must be finite and >= 0")
-        # Sorted once here, read on every simulated step.
-        for name in ("serving_table", "prefill_table", "node_token_cpu_table", "neighbour_step_table"):
-            object.__setattr__(self, name, tuple(sorted(tuple(row) for row in getattr(self, name))))
 
     def compute_s(self, prefill_tokens: int, decode_seqs: int, prefill_attn: int = 0) -> float:
         return (self.per_prefill_token_s * prefill_tokens + self.per_decode_seq_s * decode_seqs
@@ -169,6 +170,18 @@ class StepProfile:
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(asdict(self), indent=2) + "\n")
+
+
+def _pairs(name: str, rows) -> tuple[tuple[float, float], ...]:
+    """A two-column table as sorted (x, y) float pairs; anything else (a profile file edited by hand) is a
+    ValueError naming the table, not a crash in the middle of a simulation."""
+    def number(v) -> bool:
+        return isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)
+
+    if not isinstance(rows, list | tuple) or not all(
+            isinstance(row, list | tuple) and len(row) == 2 and all(map(number, row)) for row in rows):
+        raise ValueError(f"{name} must be a list of [x, y] number pairs")
+    return tuple(sorted((float(x), float(y)) for x, y in rows))
 
 
 def _along(points: list[tuple[float, float]], x: float) -> float:
