@@ -207,6 +207,28 @@ def test_measured_ttft_itl_throughput_match_the_fixture(server, tmp_path):
     assert s["peak_in_flight"] <= 4
 
 
+def test_each_run_counts_the_clients_cpu_without_its_start(server, tmp_path):
+    import resource
+
+    def children_cpu_s() -> float:
+        ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return ru.ru_utime + ru.ru_stime
+
+    out = tmp_path / "cpu.json"
+    cpu0 = children_cpu_s()
+    done = subprocess.run([sys.executable, "-m", "argosy.cli", "bench", "--url", server.url, "--model", "fixture",
+                           "--rate", "inf,inf", "--num-requests", "40", "--prompt-tokens", "5", "--output-tokens", "8",
+                           "--no-progress", "-o", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    whole = children_cpu_s() - cpu0
+    assert done.returncode == 0, done.stderr
+    runs = json.loads(out.read_text())["runs"]
+    counted = [r["client_cpu_s"] for r in runs]
+    # Each run's own CPU (40 streamed requests: tens of milliseconds), none of the interpreter's start and
+    # imports (a good part of the process's CPU), which a server sharing the machine never competed with.
+    assert all(0 < c for c in counted) and sum(counted) < whole - 0.2
+    assert done.stdout.count("Client CPU:") == 2 and "% of a core" in done.stdout
+
+
 def test_open_loop_sends_on_schedule(server, tmp_path):
     rc, res = bench(tmp_path, "--url", server.url, "--rate", "40", "--num-requests", "60", "--seed", "7",
                     "--prompt-tokens", "5", "--output-tokens", "2")

@@ -218,6 +218,7 @@ def test_profile_measures_the_engine_and_a_served_replica_then_sim_reads_it(tmp_
     serving = prof.notes["serving"]
     assert sorted(serving["observations"]) == ["1", "4"]  # the burst sizes up to max_num_seqs
     assert len(serving["observations"]["1"]) > 30  # a burst of one per repeat, and every lone request
+    assert len(serving["observations"]["4"]) == 9  # a sample a burst: nine, after a warm-up, from one bench
     assert [b for b, _ in prof.serving_table] == sorted(b for b, _ in prof.serving_table)
     assert prof.serving_table[0][0] == 1 and 1 < prof.serving_table[-1][0] <= 4  # the mean batch decoded in
     assert prof.request_s == serving["request_s"] >= 0

@@ -8,12 +8,13 @@ a quarter of a core at 1,700 tok/s, which the engines then lack.
 Measured here: `argosy serve` with one replica (the engine limits given) and `argosy bench` in closed
 loop at concurrency 1, 4 and 16, outputs of OUTPUT tokens, plus one run of short outputs at
 concurrency 1. The CPU time of every thread of the serve process and its replicas except the engine's
-(named `argosy-engine`, with its OpenMP workers), plus the bench's, over the output tokens, is the
-node's CPU per token at that concurrency; the difference between the long and the short outputs at
-concurrency 1 splits off what a request costs by itself. The per-token cost falls with concurrency
-(a wake-up of the event loops carries more chunks), so it is kept by batch, as the serving table is.
-Last, a replica is started beside the serving one under load: the CPU time its start takes there is
-what the sim paces a start on a busy node by (more than alone, where CPU time ~ wall time).
+(named `argosy-engine`, with its OpenMP workers), plus the bench's over its run (as it counts it: its
+start left out), over the output tokens, is the node's CPU per token at that concurrency; the
+difference between the long and the short outputs at concurrency 1 splits off what a request costs by
+itself. The per-token cost falls with concurrency (a wake-up of the event loops carries more chunks),
+so it is kept by batch, as the serving table is. Last, a replica is started beside the serving one
+under load: the CPU time its start takes there is what the sim paces a start on a busy node by (more
+than alone, where CPU time ~ wall time).
 """
 
 from __future__ import annotations
@@ -22,9 +23,7 @@ import contextlib
 import dataclasses
 import json
 import os
-import resource
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -69,11 +68,6 @@ def serving_cpu_s(root: int) -> float:
                     if stat[stat.index("(") + 1:stat.rindex(")")] != ENGINE_THREAD:
                         total += _cpu_s(stat)
     return total
-
-
-def _children_cpu_s() -> float:
-    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return ru.ru_utime + ru.ru_stime
 
 
 def _fleet_file(tmp: Path, model: str, engine: dict) -> Path:
@@ -136,16 +130,20 @@ def stop_serve(proc: subprocess.Popen) -> None:
 
 
 def _run(url: str, root: int, concurrency: int, n: int, prompt_tokens: int, output_tokens: int,
-         out: Path, fixed: tuple[float, float] = (0.0, 0.0)) -> tuple[float, int, int]:
-    """(CPU seconds outside the engines, output tokens, requests) of one closed-loop bench run, less
-    `fixed`: (the client's own start, the node's idle CPU per second)."""
-    served0, client0, t0 = serving_cpu_s(root), _children_cpu_s(), time.monotonic()
+         out: Path, idle: float = 0.0) -> tuple[float, int, int]:
+    """(CPU seconds outside the engines, output tokens, requests) of one closed-loop bench run, less the
+    node's `idle` CPU per second."""
+    served0, t0 = serving_cpu_s(root), time.monotonic()
     subprocess.run([sys.executable, "-m", "argosy.cli", "bench", "--url", url, "--model", "profiled",
                     "--concurrency", str(concurrency), "--num-requests", str(n), "--prompt-tokens",
                     str(prompt_tokens), "--output-tokens", str(output_tokens), "--seed", str(n + concurrency),
                     "--no-progress", "-o", str(out)], check=True, stdout=subprocess.DEVNULL)
-    cpu = serving_cpu_s(root) - served0 + _children_cpu_s() - client0 - fixed[0] - fixed[1] * (time.monotonic() - t0)
-    ok = [r for r in json.loads(out.read_text())["runs"][0]["records"] if r["ok"]]
+    served = serving_cpu_s(root) - served0 - idle * (time.monotonic() - t0)
+    run = json.loads(out.read_text())["runs"][0]
+    # The client's CPU as the bench counts it over the run itself: its interpreter start and imports
+    # (about a CPU-second, varying by a few tenths) would otherwise be a few ms on every request.
+    cpu = served + run["client_cpu_s"]
+    ok = [r for r in run["records"] if r["ok"]]
     if len(ok) < n:
         raise RuntimeError(f"{n - len(ok)} of {n} requests failed while measuring the node's serving CPU")
     return cpu, sum(r["output_tokens"] for r in ok), len(ok)
@@ -201,12 +199,8 @@ def measure_node(model: str, prof: StepProfile, *, max_num_seqs: int, token_budg
             idle0, t0 = serving_cpu_s(proc.pid), time.monotonic()
             time.sleep(2.0)  # health checks and scrapes: the node's CPU with nothing to serve
             idle = (serving_cpu_s(proc.pid) - idle0) / (time.monotonic() - t0)
-            # What the client spends on its own start (interpreter, imports): runs of one 1-token request.
-            start = statistics.median(_run(url, proc.pid, 1, 1, prompt_tokens, 1, Path(tmp) / f"start{i}.json",
-                                           (0.0, idle))[0] for i in range(3))
-            fixed = (start, idle)
-            short = _run(url, proc.pid, 1, requests, prompt_tokens, SHORT_OUTPUT, Path(tmp) / "short.json", fixed)
-            runs = {c: _run(url, proc.pid, c, requests, prompt_tokens, output_tokens, Path(tmp) / f"c{c}.json", fixed)
+            short = _run(url, proc.pid, 1, requests, prompt_tokens, SHORT_OUTPUT, Path(tmp) / "short.json", idle)
+            runs = {c: _run(url, proc.pid, c, requests, prompt_tokens, output_tokens, Path(tmp) / f"c{c}.json", idle)
                     for c in CONCURRENCY if c <= max_num_seqs}
             start_cpu = _start_cpu_under_load(url, model, engine, prompt_tokens, output_tokens, Path(tmp))
         finally:

@@ -58,16 +58,20 @@ def wait_ready(url: str, proc: subprocess.Popen, timeout_s: float = 180.0) -> No
     raise RuntimeError(f"the replica was not ready within {timeout_s:.0f} s")
 
 
-def _bench(url: str, load: list[str], n: int, prompt_tokens: int, output_tokens: int, out: Path) -> list[dict]:
+def _bench(url: str, load: list[str], n: int, prompt_tokens: int, output_tokens: int, out: Path) -> list[list[dict]]:
+    """The records of each run (one per level of `load`) of n requests."""
     subprocess.run([sys.executable, "-m", "argosy.cli", "bench", "--url", url, *load,
                     "--num-requests", str(n), "--prompt-tokens", str(prompt_tokens), "--output-tokens",
                     str(output_tokens), "--seed", str(n), "--no-progress", "-o", str(out)],
                    check=True, stdout=subprocess.DEVNULL)
-    records = json.loads(out.read_text())["runs"][0]["records"]
-    ok = [r for r in records if r["ok"] and r["output_tokens"] > 1]
-    if len(ok) < len(records):
-        raise RuntimeError(f"{len(records) - len(ok)} of {len(records)} requests failed while measuring the replica")
-    return ok
+    runs = []
+    for run in json.loads(out.read_text())["runs"]:
+        ok = [r for r in run["records"] if r["ok"] and r["output_tokens"] > 1]
+        if len(ok) < len(run["records"]):
+            raise RuntimeError(f"{len(run['records']) - len(ok)} of {len(run['records'])} requests failed while "
+                               "measuring the replica")
+        runs.append(ok)
+    return runs
 
 
 def _decode_window(r: dict) -> tuple[float, float]:
@@ -87,7 +91,7 @@ def _served_step(recs: list[dict], prof: StepProfile) -> tuple[float, float]:
 
 def measure_serving(model: str, prof: StepProfile, *, max_num_seqs: int, token_budget: int,
                     kv_cache_memory_gib: float, prompt_tokens: int = 128, output_tokens: int = 64,
-                    repeats: int = 3, lone_requests: int = 30, log: Callable[[str], None] = print) -> StepProfile:
+                    repeats: int = 9, lone_requests: int = 30, log: Callable[[str], None] = print) -> StepProfile:
     """`prof` (from measure_profile on the same checkpoint and limits) with the serving overheads added."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -100,15 +104,16 @@ def measure_serving(model: str, prof: StepProfile, *, max_num_seqs: int, token_b
         wait_ready(url, proc)
         with tempfile.TemporaryDirectory(prefix="argosy-serving-") as tmp:
             for c in [b for b in BURSTS if b <= max_num_seqs]:
-                for k in range(repeats + 1):
-                    recs = _bench(url, ["--rate", "inf"], c, prompt_tokens, output_tokens, Path(tmp) / f"b{c}-{k}.json")
-                    if k:  # the first burst of each size is a warm-up
-                        groups.setdefault(c, []).append(_served_step(recs, prof))
+                # One bench for all the bursts of a size (its start, a second of CPU, paid once); the first
+                # burst is a warm-up. A burst's sample is one request, so take many: each is about a second.
+                bursts = _bench(url, ["--rate", ",".join(["inf"] * (repeats + 1))], c, prompt_tokens, output_tokens,
+                                Path(tmp) / f"b{c}.json")
+                groups[c] = [_served_step(recs, prof) for recs in bursts[1:]]
                 batch, excess = (statistics.median(v) for v in zip(*groups[c], strict=True))
                 log(f"served decode steps at batch {batch:.1f}: {1e3 * excess:+.2f} ms beside the engine's own")
             # Lone requests one after the other: what a request pays outside the engine, and how it spreads.
-            lone = _bench(url, ["--concurrency", "1"], lone_requests, prompt_tokens, output_tokens,
-                          Path(tmp) / "lone.json")
+            [lone] = _bench(url, ["--concurrency", "1"], lone_requests, prompt_tokens, output_tokens,
+                            Path(tmp) / "lone.json")
             groups.setdefault(1, []).extend(_served_step([r], prof) for r in lone)
     finally:
         proc.terminate()
