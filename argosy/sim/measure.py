@@ -45,6 +45,14 @@ class _Prober:
         self.engine.add_request(rid, self.prompt(n_prompt), SamplingParams(max_tokens=max_tokens, ignore_eos=True))
         return rid
 
+    def decoding(self, batch: int, context: int) -> None:
+        """`batch` sequences of `context` prompt tokens, stepped until every one is prefilled and decoding."""
+        for _ in range(batch):
+            self.add(context, self.engine.max_model_len - context)
+        sched = self.engine.scheduler
+        while any(s.num_output_tokens == 0 for s in sched.running) or len(sched.waiting):
+            self.engine.step()
+
     def timed_step(self) -> float:
         t = time.perf_counter()
         self.engine.step()
@@ -77,10 +85,7 @@ def _neighbour_sweep(engine: LLMEngine, probe: _Prober, batch: int, repeats: int
         return ()
 
     def median_step(buffer: np.ndarray | None) -> float:
-        for _ in range(batch):
-            probe.add(32, engine.max_model_len - 32)
-        while any(s.num_output_tokens == 0 for s in engine.scheduler.running) or len(engine.scheduler.waiting):
-            engine.step()
+        probe.decoding(batch, 32)
         times = []
         for k in range(6 * repeats + 1):
             if buffer is not None:
@@ -163,10 +168,7 @@ def measure_profile(model: str, *, max_num_seqs: int = 64, token_budget: int = 5
             if b * -(-(ctx + 3 * repeats + 2) // cfg.block_size) > engine.kv.num_blocks:
                 log(f"decode sweep: batch {b} at {ctx} tokens of context does not fit the KV cache; not timed")
                 continue
-            for _ in range(b):
-                probe.add(ctx, engine.max_model_len - ctx)
-            while any(s.num_output_tokens == 0 for s in engine.scheduler.running) or len(engine.scheduler.waiting):
-                engine.step()
+            probe.decoding(b, ctx)
             times = []
             for k in range(3 * repeats + 1):  # decode steps are short and cheap: time more of them
                 kv = sum(s.num_tokens for s in engine.scheduler.running)
@@ -179,10 +181,7 @@ def measure_profile(model: str, *, max_num_seqs: int = 64, token_budget: int = 5
         log(f"decode sweep at {ctx} tokens of context: batches {batches[0]}..{batches[-1]}")
     for b in batches[: max(1, len(batches) - 1)]:
         chunk = max(16, longest - b)
-        for _ in range(b):
-            probe.add(32, engine.max_model_len - 32)
-        while any(s.num_output_tokens == 0 for s in engine.scheduler.running) or len(engine.scheduler.waiting):
-            engine.step()
+        probe.decoding(b, 32)
         probe.add(chunk, 1)
         kv = sum(s.num_tokens for s in engine.scheduler.running) + chunk
         obs.append((chunk, b, kv, chunk * (chunk + 1) // 2, probe.timed_step()))
