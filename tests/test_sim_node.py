@@ -43,6 +43,27 @@ def test_a_step_beside_busy_neighbours_reads_its_weights_again():
     assert tpot_p50({**spec, "rate": 0.5}, prof, replicas=1, node_cores=1.0) == pytest.approx(0.010)
 
 
+def test_a_requests_serving_overhead_waits_for_a_core_on_a_busy_node():
+    # What serving adds to a request (HTTP, tokenization, first chunk: 20 ms, measured on an idle node) is a
+    # thread's work beside the busy engines: two replicas kept busy on one core leave it a third of the
+    # core, 60 ms. On an idle node, or on its own hardware, it stays 20 ms. The engines' steps are not
+    # touched (the same TPOT).
+    busy = {"duration_s": 60, "rate": 40, "prompt_tokens": {"mean": 16}, "output_tokens": {"mean": 30}}
+    idle = {**busy, "rate": 0.5}
+    plain = constant_profile(0.010)
+    served = dataclasses.replace(plain, request_s=0.020)
+
+    def ttft_p50(spec, profile, **settings):
+        return simulate(spec, profile=profile, **settings)[1]["ttft_s"]["p50"]
+
+    for spec, settings, factor in ((busy, {"replicas": 2, "node_cores": 1.0}, 3.0),
+                                   (idle, {"replicas": 1, "node_cores": 1.0}, 1.0),
+                                   (busy, {"replicas": 2}, 1.0)):
+        added = ttft_p50(spec, served, **settings) - ttft_p50(spec, plain, **settings)
+        assert added == pytest.approx(0.020 * factor, rel=0.02), settings
+    assert tpot_p50(busy, served, replicas=2, node_cores=1.0) == pytest.approx(0.020)
+
+
 def test_the_neighbour_table_is_read_by_neighbours_at_work():
     prof = dataclasses.replace(constant_profile(), neighbour_step_table=((3.0, 0.003), (1.0, 0.001)))
     assert prof.neighbour_step_table[0] == (1.0, 0.001)  # sorted

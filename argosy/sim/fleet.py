@@ -195,6 +195,8 @@ class FleetSim:
         up.on_start(tokens)
         rep = self.by_name[up.url]
         req.replica = rep.name
+        if self.node is not None:
+            req.overhead_factor = self.node.overhead_factor()
         rep.add(req, self.now)
         if rep.busy:
             end = rep.cut_run(self.now)

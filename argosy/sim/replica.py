@@ -46,6 +46,7 @@ class SimRequest:
     output_tokens: int
     prefix_group: int
     extra_latency_s: float = 0.0  # cross-region round trip when served away from home
+    overhead_factor: float = 1.0  # its serving overhead (profile.request_s) runs this many times slower
     replica: str = ""  # where it was (last) sent
     first_token_s: float | None = None
     finish_s: float | None = None

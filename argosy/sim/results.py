@@ -74,7 +74,8 @@ def latencies(sim: FleetSim, done: list) -> tuple[np.ndarray, np.ndarray, np.nda
     arr = np.array([r.arrival_s for r in done])
     first = np.array([r.first_token_s for r in done])
     fin = np.array([r.finish_s for r in done])
-    extra = np.array([r.extra_latency_s for r in done]) + request_overheads(sim.profile, [r.rid for r in done])
+    overhead = request_overheads(sim.profile, [r.rid for r in done]) * np.array([r.overhead_factor for r in done])
+    extra = np.array([r.extra_latency_s for r in done]) + overhead
     outs = np.array([r.output_tokens for r in done])
     tpot = np.where(outs > 1, (fin - first) / np.maximum(outs - 1, 1), 0.0)
     return first - arr + extra, tpot, fin - arr + extra

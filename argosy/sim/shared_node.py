@@ -8,7 +8,9 @@ starts, and a run of decode steps keeps the factor it started with. A start is o
 profile's cold_start_cpu_s, measured beside a serving replica; else cold_start_s, measured alone) done at
 the share of a core it gets, re-paced whenever a replica starts and at each autoscaler tick. A step
 also reads its weights from memory again when its neighbours have stepped since (the profile's
-neighbour_step_table, by how many are at work): one replica's profile has them in cache.
+neighbour_step_table, by how many are at work): one replica's profile has them in cache. What serving
+adds to a request outside the engine (the profile's request_s, measured on an idle node) is one more
+thread's work there: it takes (asked + 1) / cores times as long when the node is full as it arrives.
 """
 
 from __future__ import annotations
@@ -52,6 +54,11 @@ class SharedNode:
         CPU seconds outside the engine."""
         self.demand[rep] = self.threads + (cpu / seconds if seconds > 0 else 0.0)
         return max(1.0, (self.demand[rep] + self.asked(rep)) / self.cores)
+
+    def overhead_factor(self) -> float:
+        """How many times slower a request's serving overhead (HTTP, tokenization, first chunk: one thread's
+        work in the event loops) runs than profiled, given the cores asked for now."""
+        return max(1.0, (self.asked() + 1.0) / self.cores)
 
     def neighbour_s(self, rep) -> float:
         """What `rep`'s next step takes beyond its profile because its neighbours (the node's other
