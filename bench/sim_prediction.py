@@ -100,9 +100,11 @@ def capacity(prof, fleet_path: Path, node_cores: float) -> float:
     return len(sim.done) / last
 
 
-def serve_and_bench(fleet_path: Path, trace: Path, out: Path) -> list[tuple[float, int]]:
-    """A fresh `argosy serve`, the trace through `argosy bench`, the ready-replica count each second."""
-    from argosy.sim.measure_node import start_serve, stop_serve
+def serve_and_bench(fleet_path: Path, trace: Path, out: Path) -> tuple[list[tuple[float, int]], dict]:
+    """A fresh `argosy serve`, the trace through `argosy bench`: the ready-replica count each second, and the
+    CPU seconds the node spent over the bench in the engines' threads and outside them (the gateway, the
+    replicas' event loops, the bench as it counts itself; a replica started meanwhile is in both)."""
+    from argosy.sim.measure_node import CpuWatch, start_serve, stop_serve
 
     proc, url = start_serve(fleet_path)  # returns once a replica is ready
     counts: list[tuple[float, int]] = []
@@ -113,23 +115,30 @@ def serve_and_bench(fleet_path: Path, trace: Path, out: Path) -> list[tuple[floa
             models = json.loads(r.read())["models"]
         return sum(1 for rep in models[0]["replicas"] if rep["state"] == "ready" and not rep.get("pooled"))
 
-    def poll(t0: float) -> None:
+    def poll(t0: float, watch) -> None:
         while not stop.is_set():
             try:
                 counts.append((time.monotonic() - t0, ready()))
             except OSError:
                 pass
+            watch.look()
             stop.wait(1.0)
 
     try:
-        t0 = time.monotonic()
-        threading.Thread(target=poll, args=(t0,), daemon=True).start()
+        t0, watch = time.monotonic(), CpuWatch(proc.pid)
+        poller = threading.Thread(target=poll, args=(t0, watch), daemon=True)
+        poller.start()
         subprocess.run([sys.executable, "-m", "argosy.cli", "bench", "--url", url, "--model", "builtin", "--trace",
                         str(trace), "--seed", "1", "-o", str(out)], check=True, stdout=subprocess.DEVNULL)
+        stop.set()
+        poller.join()
+        watch.look()
     finally:
         stop.set()
         stop_serve(proc)
-    return counts
+    cpu = watch.spent()
+    cpu["outside"] += json.loads(out.read_text())["runs"][0]["client_cpu_s"]
+    return counts, cpu
 
 
 def mean_replicas(points: list[tuple[float, float]], end: float) -> float:
@@ -206,7 +215,7 @@ def main() -> int:
                                                    strict=False)))
         print(f"2/3 [{name}] {len(reqs.arrival_s)} requests over {spec.duration_s:g} s through argosy serve ...",
               flush=True)
-        counts = serve_and_bench(fleet, sent, tmp / f"bench-{i}.json")
+        counts, cpu = serve_and_bench(fleet, sent, tmp / f"bench-{i}.json")
         records = json.loads((tmp / f"bench-{i}.json").read_text())["runs"][0]["records"]
         ok = [r for r in records if r["ok"]]
         replay = tmp / f"replay-{i}.jsonl"  # what was really sent, with the token counts the server gave
@@ -219,12 +228,16 @@ def main() -> int:
         meas["replicas"] = mean_replicas([(t, float(n)) for t, n in counts], meas["span_s"])
         pred["replicas"] = mean_replicas([(row["t"], float(sum(row["replicas"].values()))) for row in res["timeline"]],
                                          pred["span_s"])
+        sim_cpu = res["node_cpu_s"]
+        node_cpu = {"measured": cpu, "predicted": {"engines": sim_cpu["engines"],
+                                                   "outside": sim_cpu["outside"], "starts": sim_cpu["starts"]}}
         row = {"load": name, "requests": len(records), "ok": len(ok), "measured": meas, "predicted": pred,
+               "node_cpu_s": node_cpu,
                "replicas_measured": counts,
                "replicas_predicted": [(r["t"], sum(r["replicas"].values())) for r in res["timeline"]]}
         if args.repeat:  # the same requests again on a fresh fleet: how far the fleet is from itself
             print(f"2/3 [{name}] the same requests again (--repeat) ...", flush=True)
-            again_counts = serve_and_bench(fleet, sent, tmp / f"again-{i}.json")
+            again_counts, _ = serve_and_bench(fleet, sent, tmp / f"again-{i}.json")
             again_records = json.loads((tmp / f"again-{i}.json").read_text())["runs"][0]["records"]
             again = measured(again_records)
             again["replicas"] = mean_replicas([(t, float(n)) for t, n in again_counts], again["span_s"])
@@ -243,6 +256,10 @@ def main() -> int:
                 line += f"{again[key] * scale:>12.1f}{apart * 100:>+9.1f}%"
                 floor = max(floor, abs(apart))
             print(line)
+        m, p = node_cpu["measured"], node_cpu["predicted"]
+        print(f"node CPU (CPU-s): engines {m['engines']:.1f} measured, {p['engines']:.1f} predicted; outside them "
+              f"{m['outside']:.1f} measured, {p['outside']:.1f} predicted; replica starts {p['starts']:.1f} predicted "
+              "(measured: in the two before)", flush=True)
         print(flush=True)
     print(f"worst error {worst * 100:.1f}% over {len(rows)} loads (target: each within 15%)")
     if args.repeat:

@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from argosy.sim.results import render_text
 from tests.test_sim import constant_profile, simulate
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="reads Linux's /proc")
@@ -62,6 +63,25 @@ def test_a_requests_serving_overhead_waits_for_a_core_on_a_busy_node():
         added = ttft_p50(spec, served, **settings) - ttft_p50(spec, plain, **settings)
         assert added == pytest.approx(0.020 * factor, rel=0.02), settings
     assert tpot_p50(busy, served, replicas=2, node_cores=1.0) == pytest.approx(0.020)
+
+
+def test_a_packed_nodes_cpu_ledger_counts_the_steps_run_and_never_exceeds_its_cores():
+    # Three replicas of 8 sequences flooded on a two-core node, 10 ms steps, 1 ms of node CPU per token
+    # outside the engines. Arrivals keep cutting decode runs short: only the steps a run got through are
+    # CPU spent, so the outside CPU is exactly 1 ms x the tokens made, and the node spends its two cores
+    # over the run, never more (counting whole runs, cut or not, made it 3.0 cores here).
+    spec = {"duration_s": 20, "rate": 40, "prompt_tokens": {"mean": 16}, "output_tokens": {"mean": 40}}
+    prof = dataclasses.replace(constant_profile(0.010), node_token_cpu_table=((1.0, 0.001),))
+    model = {"engine": {"max_num_seqs": 8}}
+    sim, res = simulate(spec, model=model, profile=prof, replicas=3, node_cores=2.0)
+    cpu = res["node_cpu_s"]
+    assert res["requests"]["failed"] == 0
+    assert cpu["outside"] == pytest.approx(0.001 * res["output_tokens"], rel=1e-6)
+    span = max(r.finish_s for r in sim.done)
+    spent = cpu["engines"] + cpu["outside"] + cpu["starts"]
+    assert 0.95 * 2.0 * span < spent <= 2.0 * span * (1 + 1e-9)
+    assert "node CPU (2 cores)" in render_text(res)
+    assert simulate(spec, model=model, profile=prof, replicas=3)[1]["node_cpu_s"] is None  # not a shared node
 
 
 def test_the_neighbour_table_is_read_by_neighbours_at_work():
@@ -146,29 +166,54 @@ def test_a_start_on_a_busy_shared_node_takes_longer_than_alone():
     assert starts(under_load)[0] > starts(shared)[0] * 1.4  # paced by the CPU it took beside a serving replica
 
 
-def _spin(seconds: float) -> None:
+def _spin(seconds: float, hold: threading.Event | None = None) -> None:
     from argosy.server.async_engine import _name_os_thread
 
     _name_os_thread("argosy-engine")
     end = time.thread_time() + seconds
     while time.thread_time() < end:
         pass
+    if hold is not None:
+        hold.wait()  # a thread's /proc entry goes when it ends
 
 
 def test_the_engine_thread_is_named_for_the_os_and_left_out_of_the_serving_cpu():
-    from argosy.sim.measure_node import serving_cpu_s
+    from argosy.sim.measure_node import serving_cpu_s, thread_cpu_s
 
-    t = threading.Thread(target=_spin, args=(0.4,))
-    serving0, total0 = serving_cpu_s(os.getpid()), time.process_time()
+    hold = threading.Event()
+    t = threading.Thread(target=_spin, args=(0.4, hold))
+    serving0, total0, engines0 = serving_cpu_s(os.getpid()), time.process_time(), thread_cpu_s(os.getpid())[0]
     t.start()
     while t.native_id is None:
         time.sleep(0.001)
     time.sleep(0.05)
     with open(f"/proc/self/task/{t.native_id}/comm") as f:
         assert f.read().strip() == "argosy-engine"
+    while time.process_time() - total0 < 0.4:
+        time.sleep(0.01)
+    assert serving_cpu_s(os.getpid()) - serving0 < 0.15  # the spinning thread's CPU is not the serving CPU
+    assert thread_cpu_s(os.getpid())[0] - engines0 >= 0.35  # but the engines'
+    hold.set()
     t.join()
-    assert time.process_time() - total0 >= 0.35  # the spinning thread's CPU is the process's
-    assert serving_cpu_s(os.getpid()) - serving0 < 0.15  # but not the serving CPU
+
+
+def test_a_cpu_watch_keeps_what_a_thread_spent_before_it_ended():
+    # A replica the autoscaler stops mid-run takes its threads out of /proc: what they spent up to the last
+    # look still counts, as an engine's or not.
+    from argosy.sim.measure_node import CpuWatch
+
+    watch, hold, total0 = CpuWatch(os.getpid()), threading.Event(), time.process_time()
+    t = threading.Thread(target=_spin, args=(0.3, hold))
+    t.start()
+    while time.process_time() - total0 < 0.3:
+        time.sleep(0.01)
+    watch.look()
+    hold.set()
+    t.join()
+    watch.look()  # the thread is gone
+    spent = watch.spent()
+    assert spent["engines"] >= 0.25
+    assert spent["outside"] < 0.15
 
 
 def test_measure_node_behind_a_real_gateway(tmp_path):

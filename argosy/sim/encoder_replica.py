@@ -35,6 +35,7 @@ class EncoderSimReplica:
         self.batch: list[EncodeItem] = []
         self.requests: dict[str, SimRequest] = {}
         self.busy_s = self.prefill_s = 0.0
+        self.engine_cpu_s = self.outside_cpu_s = 0.0  # on a shared node (as SimReplica's)
         self.itl: list[tuple[float, int]] = []  # none: nothing is decoded
         # A batch's time multiplier, given its seconds and node CPU seconds (SharedNode.step_factor, --node-cores).
         self.slowdown: Callable[[float, float], float] | None = None
@@ -62,7 +63,10 @@ class EncoderSimReplica:
         dt = self.profile.step_s(sum(lengths), 0, sum(lengths), sum(n * n for n in lengths))
         if self.slowdown is not None:  # replicas sharing a CPU node's cores
             requests = len({it.request.request_id for it in self.batch})
-            dt *= self.slowdown(dt, self.profile.node_cpu_s(0, 0, requests))
+            outside = self.profile.node_cpu_s(0, 0, requests)
+            self.engine_cpu_s += dt
+            self.outside_cpu_s += outside
+            dt *= self.slowdown(dt, outside)
         self.busy, self.run_start, self.run_ends = True, now, [now + dt]
         self.version += 1
         return now + dt

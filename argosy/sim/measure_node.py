@@ -57,17 +57,53 @@ def _cpu_s(stat: str) -> float:
     return (int(fields[11]) + int(fields[12])) * TICK_S
 
 
-def serving_cpu_s(root: int) -> float:
-    """CPU seconds used so far by every thread under `root` (processes included) but the engines'."""
-    total = 0.0
+def thread_cpu(root: int) -> dict[tuple[int, int], tuple[bool, float]]:
+    """CPU seconds used so far by each thread under `root` (processes included), by (pid, tid): (whether it
+    is an engine's thread, seconds)."""
+    out = {}
     for pid in _tree(root):
         with contextlib.suppress(OSError):
             for tid in os.listdir(f"/proc/{pid}/task"):
                 with contextlib.suppress(OSError), open(f"/proc/{pid}/task/{tid}/stat") as f:
                     stat = f.read()
-                    if stat[stat.index("(") + 1:stat.rindex(")")] != ENGINE_THREAD:
-                        total += _cpu_s(stat)
-    return total
+                    out[pid, int(tid)] = (stat[stat.index("(") + 1:stat.rindex(")")] == ENGINE_THREAD, _cpu_s(stat))
+    return out
+
+
+def thread_cpu_s(root: int) -> tuple[float, float]:
+    """CPU seconds used so far under `root` (processes included): (the engines' threads, every other)."""
+    engines = rest = 0.0
+    for is_engine, seconds in thread_cpu(root).values():
+        if is_engine:
+            engines += seconds
+        else:
+            rest += seconds
+    return engines, rest
+
+
+class CpuWatch:
+    """The CPU seconds each thread under a process spent since the first look, as of its last look: a
+    replica stopped between two looks keeps what it had spent at the one before."""
+
+    def __init__(self, root: int):
+        self.root, self.first, self.last = root, {}, {}
+        self.look()
+        self.first = dict(self.last)
+
+    def look(self) -> None:
+        self.last.update(thread_cpu(self.root))
+
+    def spent(self) -> dict:
+        """CPU seconds since the first look: {"engines": the engines' threads, "outside": every other}."""
+        out = {"engines": 0.0, "outside": 0.0}
+        for key, (is_engine, seconds) in self.last.items():
+            out["engines" if is_engine else "outside"] += seconds - self.first.get(key, (is_engine, 0.0))[1]
+        return out
+
+
+def serving_cpu_s(root: int) -> float:
+    """CPU seconds used so far by every thread under `root` (processes included) but the engines'."""
+    return thread_cpu_s(root)[1]
 
 
 def _fleet_file(tmp: Path, model: str, engine: dict) -> Path:

@@ -74,6 +74,10 @@ class SimReplica:
         self.run_seqs: list[tuple[Sequence, int]] = []
         self.requests: dict[int, SimRequest] = {}  # seq_id -> request
         self.busy_s = self.prefill_s = 0.0
+        # On a shared node: CPU seconds of the steps done, in the engine (as profiled, with the neighbour
+        # term) and outside it (node_cpu_s), before any stretching; a cut run counts the steps it ran.
+        self.engine_cpu_s = self.outside_cpu_s = 0.0
+        self.run_cpu: list[tuple[float, float]] = []  # (engine, outside) seconds of each step of the run
         # Replicas sharing a node's cores: given a step's profiled seconds and the node CPU seconds its
         # tokens cost outside the engine, its time multiplier, read when it starts (SharedNode.step_factor).
         self.slowdown: Callable[[float, float], float] | None = None
@@ -163,7 +167,9 @@ class SimReplica:
                 extra = self.neighbour_s()
                 times = [t + extra for t in times]
             batch = decodes + completed
-            f = self.slowdown(sum(times), prof.node_cpu_s(batch, batch * len(times), first))
+            outside = prof.node_cpu_s(batch, batch * len(times), first)
+            f = self.slowdown(sum(times), outside)
+            self.run_cpu = [(t, outside / len(times)) for t in times]
             times = [t * f for t in times]
         if prefill:
             self.prefill_s += times[0] * prefill / (prefill + decodes)
@@ -190,6 +196,10 @@ class SimReplica:
         """Applies the run's steps (as LLMEngine.step does after the forward pass); returns finished requests."""
         steps = len(self.run_ends)
         self.busy_s += now - self.run_start
+        for engine, outside in self.run_cpu[:steps]:
+            self.engine_cpu_s += engine
+            self.outside_cpu_s += outside
+        self.run_cpu = []
         if steps > 1:
             gap = (now - self.run_start) / steps
             self.itl.append((gap, steps * len(self.run_seqs)))

@@ -165,6 +165,7 @@ def summarize(sim: FleetSim, slo: SLO, warmup_s: float = 0.0, prices: dict[str, 
         cost = {"usd": round(sum(h * prices[g] for g, h in gpu_hours.items()), 4),
                 "usd_per_gpu_hour": prices}
     tl = sim.timeline
+    node = getattr(sim, "node", None)
     return {
         "duration_s": float(duration),
         "gpu_hours": {g: round(h, 6) for g, h in gpu_hours.items()},
@@ -191,6 +192,11 @@ def summarize(sim: FleetSim, slo: SLO, warmup_s: float = 0.0, prices: dict[str, 
         "scaling_decisions": sim.decisions[-200:],
         "served_by": served_by(sim, warmup_s),
         "spot_preemptions": sim.preemptions,
+        # --node-cores: the CPU seconds the simulated node spent, before sharing stretched them.
+        "node_cpu_s": None if node is None else {
+            "engines": round(sum(r.engine_cpu_s for r in sim.all_replicas), 6),
+            "outside": round(sum(r.outside_cpu_s for r in sim.all_replicas), 6),
+            "starts": round(node.start_cpu_s, 6), "cores": node.cores},
     }
 
 
@@ -233,6 +239,12 @@ def render_text(res: dict) -> str:
         lines.append(f"steady state ({st['from_s']:g}-{res['duration_s']:g} s, what `argosy cost --sim` prices): "
                      + ", ".join(f"{g} {h:.3f} h" for g, h in st["gpu_hours"].items())
                      + f", GPUs busy {st['gpu_busy_share'] * 100:.0f}%")
+    cpu = res.get("node_cpu_s")
+    if cpu:
+        total = cpu["engines"] + cpu["outside"] + cpu["starts"]
+        lines.append(f"node CPU ({cpu['cores']:g} cores): {total:.1f} CPU-s: engines {cpu['engines']:.1f} s, "
+                     f"outside them (gateway, event loops, client) {cpu['outside']:.1f} s, "
+                     f"replica starts {cpu['starts']:.1f} s")
     away = {a: row for a, row in (res.get("served_by") or {}).items() if set(row) - {a}}
     for arrival, row in away.items():  # who served what, where some went to another region
         lines.append(f"arrived in {arrival}: served " + ", ".join(f"{n} in {w}" for w, n in row.items()))

@@ -36,6 +36,7 @@ class SharedNode:
         self.live = live  # the replicas not stopped (starting, ready, draining)
         self.demand: dict = {}  # replica -> cores its step in progress asks for
         self.starts: dict = {}  # starting replica -> _Start
+        self.start_cpu_s = 0.0  # one core's seconds of every start so far
 
     def asked(self, but=None) -> float:
         """Cores asked for by every live replica but `but`."""
@@ -72,7 +73,9 @@ class SharedNode:
         return off * self.profile.neighbour_step_s(others)
 
     def start(self, rep, now: float) -> None:
-        self.starts[rep] = _Start(self.profile.cold_start_cpu_s or self.profile.cold_start_s, now)
+        work = self.profile.cold_start_cpu_s or self.profile.cold_start_s
+        self.start_cpu_s += work
+        self.starts[rep] = _Start(work, now)
 
     def pace(self, now: float) -> list[tuple[float, object, int]]:
         """Re-paces every start at the share of a core it gets now: (ready time, replica, version) each."""
