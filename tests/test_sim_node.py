@@ -84,6 +84,33 @@ def test_a_packed_nodes_cpu_ledger_counts_the_steps_run_and_never_exceeds_its_co
     assert simulate(spec, model=model, profile=prof, replicas=3)[1]["node_cpu_s"] is None  # not a shared node
 
 
+def test_the_node_cpu_grows_with_the_replicas_at_work_against_the_one_it_was_measured_beside():
+    prof = dataclasses.replace(constant_profile(), node_neighbour_table=((3.0, 1.5), (1.0, 1.1), (2.0, 1.3)))
+    assert prof.node_cpu_scale(0) == prof.node_cpu_scale(1) == 1.0
+    assert prof.node_cpu_scale(2) == pytest.approx(1.3 / 1.1)
+    assert prof.node_cpu_scale(9) == pytest.approx(1.5 / 1.1)  # flat beyond the measured neighbours
+    noisy = dataclasses.replace(prof, node_neighbour_table=((1.0, 1.2), (2.0, 1.1)))
+    assert noisy.node_cpu_scale(2) == 1.0  # never below what was measured beside one
+    with pytest.raises(ValueError, match="node_neighbour_table"):
+        dataclasses.replace(prof, node_neighbour_table=((1.0, 0.0),))
+    # Three replicas flooded on two cores, 1 ms of node CPU a token measured beside one at work: beside
+    # three it is 1.5 ms (all but the run-up and the drain), and the tokens come slower. One replica
+    # alone, or no table, stays at 1 ms.
+    spec = {"duration_s": 20, "rate": 40, "prompt_tokens": {"mean": 16}, "output_tokens": {"mean": 40}}
+    base = dataclasses.replace(constant_profile(0.010), node_token_cpu_table=((1.0, 0.001),))
+    scaled = dataclasses.replace(base, node_neighbour_table=((1.0, 1.0), (3.0, 1.5)))
+    model = {"engine": {"max_num_seqs": 8}}
+
+    def run(profile, replicas):
+        res = simulate(spec, model=model, profile=profile, replicas=replicas, node_cores=2.0)[1]
+        return res["node_cpu_s"]["outside"] / (0.001 * res["output_tokens"]), res["tpot_s"]["p50"]
+
+    (plain, tpot_plain), (packed, tpot_packed) = run(base, 3), run(scaled, 3)
+    assert plain == pytest.approx(1.0) and 1.4 < packed <= 1.5
+    assert tpot_packed > tpot_plain * 1.05
+    assert run(scaled, 1)[0] == pytest.approx(1.0)
+
+
 def test_the_neighbour_table_is_read_by_neighbours_at_work():
     prof = dataclasses.replace(constant_profile(), neighbour_step_table=((3.0, 0.003), (1.0, 0.001)))
     assert prof.neighbour_step_table[0] == (1.0, 0.001)  # sorted
@@ -96,7 +123,8 @@ def test_the_neighbour_table_is_read_by_neighbours_at_work():
 
 
 @pytest.mark.parametrize("table", [[[1]], [[1, 0.001, 5]], [["a", 0.001]], [[1, None]], "x", [[True, 0.001]]])
-@pytest.mark.parametrize("name", ["neighbour_step_table", "node_token_cpu_table", "serving_table"])
+@pytest.mark.parametrize("name", ["neighbour_step_table", "node_token_cpu_table", "serving_table",
+                                  "node_neighbour_table"])
 def test_a_hand_edited_profile_table_is_refused_by_name(tmp_path, name, table):
     # A profile file is JSON a person may edit: a row that is not an [x, y] pair of numbers was a bare
     # unpacking error in the middle of `argosy sim --node-cores` (exit 1, a traceback).
@@ -130,10 +158,14 @@ def test_the_neighbour_sweep_streams_the_models_weight_bytes(tmp_path, monkeypat
         sizes, real_buffer = [], measure._neighbour_buffer
         monkeypatch.setattr(measure, "_neighbour_buffer", lambda nbytes: sizes.append(nbytes) or real_buffer(nbytes))
         table = measure._neighbour_sweep(engine, measure._Prober(engine), 2, 1)
+        assert sizes == [n * size for n in (1, 2, 3)]
+        sizes.clear()
+        ratios = measure._node_neighbour_sweep(engine, 1)  # the serving path's, beside the same buffers
     finally:
         engine.close()
     assert [n for n, _ in table] == [1.0, 2.0, 3.0] and all(t >= 0 for _, t in table)
     assert sizes == [n * size for n in (1, 2, 3)]
+    assert [n for n, _ in ratios] == [1.0, 2.0, 3.0] and all(0.5 < r < 10 for _, r in ratios)
     assert real_buffer(1 << 40).nbytes == measure.NEIGHBOUR_CAP_BYTES  # a huge model is not copied three times
 
 

@@ -111,6 +111,7 @@ class FleetSim:
             rep.slowdown = functools.partial(self.node.step_factor, rep)
             if self.generates:
                 rep.neighbour_s = functools.partial(self.node.neighbour_s, rep)
+                rep.outside_scale = functools.partial(self.node.outside_scale, rep)
         region.replicas.append(rep)
         self.all_replicas.append(rep)
         self.by_name[rep.name] = rep

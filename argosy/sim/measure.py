@@ -7,13 +7,16 @@ step = base + a * prefill_tokens + b * decode_seqs + c * kv_tokens + d * prefill
 their context: a prompt's attention grows with its square), refitted once without outliers. Cold start
 is the time to load the engine and run its first step, in this process (a replica's process start and
 imports come on top). Last, decode steps after one, two and three replicas' worth of weights went
-through the cache: what a step costs more beside neighbours on a shared node (neighbour_step_table).
+through the cache: what a step costs more beside neighbours on a shared node (neighbour_step_table), and
+what the serving work outside the engines (each chunk built, relayed, read) costs more there
+(node_neighbour_table).
 """
 
 from __future__ import annotations
 
 import contextlib
 import itertools
+import json
 import random
 import statistics
 import time
@@ -100,6 +103,44 @@ def _neighbour_sweep(engine: LLMEngine, probe: _Prober, batch: int, repeats: int
     rows = [(float(n), median_step(_neighbour_buffer(n * size))) for n in NEIGHBOURS]
     alone = (alone + median_step(None)) / 2  # before and after: a machine whose speed drifts
     return tuple((n, max(t - alone, 0.0)) for n, t in rows)
+
+
+def _serving_path(tokens: int = 16) -> int:
+    """A stand-in for the node's work on `tokens` streamed tokens outside the engines: the replica builds
+    each OpenAI chunk, the gateway scans it for events, the client parses it (plain Python, as they are)."""
+    seen = 0
+    for i in range(tokens):
+        body = {"id": f"cmpl-{i:08x}", "object": "text_completion", "created": 1733400000 + i, "model": "m",
+                "choices": [{"index": 0, "text": " token", "logprobs": None, "finish_reason": None}]}
+        event = b"data: " + json.dumps(body).encode() + b"\n\n"
+        seen += event.count(b"data: ")
+        seen += len(json.loads(event[6:])["choices"][0]["text"])
+    return seen
+
+
+def _node_neighbour_sweep(engine: LLMEngine, repeats: int) -> tuple[tuple[float, float], ...]:
+    """The serving path's time after n replicas' worth of weights went through the cache, over its time
+    back to back: (n, ratio) for n in NEIGHBOURS. On a packed node the gateway's, the event loops' and the
+    client's work on each chunk finds the engines' weights where its own code and data were."""
+    size = _weight_bytes(engine)
+    if size == 0:
+        return ()
+
+    def median_run(buffer: np.ndarray | None) -> float:
+        times = []
+        for _ in range(40 * repeats):
+            if buffer is not None:
+                buffer.sum()
+            t = time.perf_counter()
+            _serving_path()
+            times.append(time.perf_counter() - t)
+        return statistics.median(times)
+
+    median_run(None)  # a warm-up
+    alone = median_run(None)
+    rows = [(float(n), median_run(_neighbour_buffer(n * size))) for n in NEIGHBOURS]
+    alone = (alone + median_run(None)) / 2  # before and after: a machine whose speed drifts
+    return tuple((n, t / alone) for n, t in rows)
 
 
 def _nnls(x: np.ndarray, y: np.ndarray, w: np.ndarray) -> np.ndarray:
@@ -195,6 +236,10 @@ def measure_profile(model: str, *, max_num_seqs: int = 64, token_budget: int = 5
     if neighbours:
         log("steps beside neighbours (their weights through the cache between two steps): "
             + ", ".join(f"{t * 1e3:+.2f} ms after {n:g}" for n, t in neighbours))
+    node_neighbours = _node_neighbour_sweep(engine, repeats)
+    if node_neighbours:
+        log("serving work outside the engines beside neighbours (chunks built, relayed, read): "
+            + ", ".join(f"x{r:.2f} after {n:g}" for n, r in node_neighbours))
     engine.close()
     params = None
     with contextlib.suppress(ValueError, KeyError):  # a checkpoint without a config.json: size unknown
@@ -204,7 +249,7 @@ def measure_profile(model: str, *, max_num_seqs: int = 64, token_budget: int = 5
         per_prefill_token_s=per_tok, per_decode_seq_s=per_seq, mem_base_s=0.0, per_kv_token_s=per_kv,
         per_prefill_attn_s=per_attn, decode_table=tuple(table), prefill_table=tuple(prefills),
         num_blocks=engine.kv.num_blocks, block_size=cfg.block_size, cold_start_s=cold_start,
-        neighbour_step_table=neighbours,
+        neighbour_step_table=neighbours, node_neighbour_table=node_neighbours,
         notes={"max_num_seqs": max_num_seqs, "token_budget": token_budget, "fit_mean_rel_error": err, "params": params,
                "fit_outliers": outliers,
                "observations": [list(o) for o in obs]})

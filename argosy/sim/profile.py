@@ -81,11 +81,17 @@ class StepProfile:
     # (argosy.sim.measure: steps after n replicas' worth of weights streamed through the cache). The sim
     # reads it only where replicas share a node (SimSettings.node_cores), by the neighbours busy then.
     neighbour_step_table: tuple[tuple[float, float], ...] = ()
+    # How many times longer the node's serving work outside the engines (each chunk built, relayed and read)
+    # takes after n replicas' worth of weights went through the cache than back to back (n, ratio;
+    # argosy.sim.measure). The node CPU figures above were measured beside one replica at work, so the sim
+    # scales them by ratio(replicas at work) / ratio(1) (node_cpu_scale).
+    node_neighbour_table: tuple[tuple[float, float], ...] = ()
     notes: dict = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
         # Sorted once here, read on every simulated step.
-        for name in ("serving_table", "prefill_table", "node_token_cpu_table", "neighbour_step_table"):
+        for name in ("serving_table", "prefill_table", "node_token_cpu_table", "neighbour_step_table",
+                     "node_neighbour_table"):
             object.__setattr__(self, name, _pairs(name, getattr(self, name)))
         if self.combine not in ("sum", "max", "split"):
             raise ValueError(f"combine must be sum, max or split, got {self.combine!r}")
@@ -102,6 +108,8 @@ class StepProfile:
                 *(v for row in self.neighbour_step_table for v in row))
         if min(node, default=0.0) < 0 or not all(math.isfinite(v) for v in node):
             raise ValueError("node CPU figures must be finite and >= 0")
+        if any(n < 0 or ratio <= 0 for n, ratio in self.node_neighbour_table):
+            raise ValueError("node_neighbour_table must hold (replicas >= 0, ratio > 0) pairs")
 
     def compute_s(self, prefill_tokens: int, decode_seqs: int, prefill_attn: int = 0) -> float:
         return (self.per_prefill_token_s * prefill_tokens + self.per_decode_seq_s * decode_seqs
@@ -144,6 +152,15 @@ class StepProfile:
         if not pts or neighbours <= 0:
             return 0.0
         return max(_along(((0.0, 0.0), *pts), min(float(neighbours), pts[-1][0])), 0.0)
+
+    def node_cpu_scale(self, at_work: int) -> float:
+        """What the node CPU figures are multiplied by with `at_work` replicas stepping or starting on the
+        node (they were measured beside one), flat beyond the measured ones; never below 1."""
+        pts = self.node_neighbour_table
+        if not pts or at_work <= 1:
+            return 1.0
+        at = min(float(at_work), pts[-1][0])
+        return max(1.0, _along(pts, at) / _along(pts, 1.0))
 
     def node_cpu_s(self, batch: int, tokens: int, first_tokens: int) -> float:
         """CPU seconds the node spends outside the engines on `tokens` output tokens of a step of `batch`

@@ -82,6 +82,7 @@ class SimReplica:
         # tokens cost outside the engine, its time multiplier, read when it starts (SharedNode.step_factor).
         self.slowdown: Callable[[float, float], float] | None = None
         self.neighbour_s: Callable[[], float] | None = None  # its step's extra beside busy neighbours
+        self.outside_scale: Callable[[], float] | None = None  # its node CPU's multiplier beside them
         self.itl: list[tuple[float, int]] = []  # (inter-token gap, tokens with that gap)
 
     def now_starting(self, now: float) -> bool:
@@ -168,6 +169,8 @@ class SimReplica:
                 times = [t + extra for t in times]
             batch = decodes + completed
             outside = prof.node_cpu_s(batch, batch * len(times), first)
+            if self.outside_scale is not None:
+                outside *= self.outside_scale()
             f = self.slowdown(sum(times), outside)
             self.run_cpu = [(t, outside / len(times)) for t in times]
             times = [t * f for t in times]

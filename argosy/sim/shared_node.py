@@ -8,7 +8,8 @@ starts, and a run of decode steps keeps the factor it started with. A start is o
 profile's cold_start_cpu_s, measured beside a serving replica; else cold_start_s, measured alone) done at
 the share of a core it gets, re-paced whenever a replica starts and at each autoscaler tick. A step
 also reads its weights from memory again when its neighbours have stepped since (the profile's
-neighbour_step_table, by how many are at work): one replica's profile has them in cache. What serving
+neighbour_step_table, by how many are at work): one replica's profile has them in cache. The CPU
+outside the engines grows the same way (the profile's node_neighbour_table, against one at work). What serving
 adds to a request outside the engine (the profile's request_s, measured on an idle node) is one more
 thread's work there: it takes (asked + 1) / cores times as long when the node is full as it arrives.
 """
@@ -55,6 +56,12 @@ class SharedNode:
         CPU seconds outside the engine."""
         self.demand[rep] = self.threads + (cpu / seconds if seconds > 0 else 0.0)
         return max(1.0, (self.demand[rep] + self.asked(rep)) / self.cores)
+
+    def outside_scale(self, rep) -> float:
+        """What the CPU of `rep`'s tokens outside the engines is multiplied by: the profile measured it beside
+        one replica at work; beside more, the serving path's code and data are out of the cache more."""
+        at_work = 1 + sum(1 for r in self.live() if r is not rep and (r.busy or r in self.starts))
+        return self.profile.node_cpu_scale(at_work)
 
     def overhead_factor(self) -> float:
         """How many times slower a request's serving overhead (HTTP, tokenization, first chunk: one thread's
