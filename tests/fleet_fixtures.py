@@ -31,11 +31,14 @@ def tiny_fleet(checkpoint: str, **autoscaling) -> dict:
 class Serve:
     """`argosy serve --config` in a subprocess; its output is kept (and readable) in `lines`."""
 
-    def __init__(self, fleet: dict):
+    def __init__(self, fleet: dict, omp_threads: str | None = "1"):
+        """omp_threads: OMP_NUM_THREADS for the serve process and its replicas; None leaves it unset
+        (the fleet then gives each CPU replica its share of the cores)."""
         fd, self.config = tempfile.mkstemp(suffix=".yaml", prefix="fleet-")
         with os.fdopen(fd, "w") as f:
             yaml.safe_dump(fleet, f)
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+        env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+        env.update({"PYTHONPATH": str(ROOT)}, **({"OMP_NUM_THREADS": omp_threads} if omp_threads else {}))
         self.proc = subprocess.Popen([sys.executable, "-m", "argosy.cli", "serve", "--config", self.config],
                                      cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         self.lines: list[str] = []

@@ -52,7 +52,7 @@ def test_every_setting_a_fleet_file_gives_reaches_the_replica():
              "enable_prefix_caching": False, "scheduling_policy": "priority", "seed": 7, "tensor_parallel_size": 2,
              "pipeline_parallel_size": 3, "distributed_executor_backend": "ray", "max_logprobs": 5,
              "compile_matvec": True, "quantization": "q4_0", "quant_batch_dtype": "float32",
-             "attention_backend": "sdpa", "enforce_eager": True}
+             "attention_backend": "sdpa", "enforce_eager": True, "cpu_threads": 3}
     fleet_fields = {f.name for f in dataclasses.fields(EngineConfig)} - {"model", "usage"}
     assert set(given) == fleet_fields  # a new EngineConfig field gets a value here
     got = replica_config(given)

@@ -187,3 +187,37 @@ def test_an_admission_slot_is_released_when_handling_fails_or_is_cancelled(monke
             hang.close()
 
     asyncio.run(scenario())
+
+
+def test_a_started_gateway_keeps_its_start_up_heap_out_of_later_collections():
+    """One full collection of `argosy serve` mid-serving took 290-360 ms on the test machine: a pause for
+    every stream. Started means frozen (argosy/startup_heap.py)."""
+    import asyncio
+    import gc
+
+    from argosy.config import parse_fleet
+    from argosy.gateway.app import Gateway
+
+    async def scenario() -> None:
+        gw = Gateway(parse_fleet({"models": [{"name": "m", "upstreams": ["http://127.0.0.1:9"]}]}, "test"))
+        messages = [{"type": "lifespan.shutdown"}, {"type": "lifespan.startup"}]
+        sent: list[str] = []
+        frozen: list[int] = []
+
+        async def receive() -> dict:
+            return messages.pop()
+
+        async def send(m: dict) -> None:
+            sent.append(m["type"])
+            if m["type"] == "lifespan.startup.complete":
+                frozen.append(gc.get_freeze_count())
+
+        await gw({"type": "lifespan"}, receive, send)
+        assert sent == ["lifespan.startup.complete", "lifespan.shutdown.complete"]
+        assert frozen[0] > 10_000, frozen
+
+    gc.unfreeze()
+    try:
+        asyncio.run(scenario())
+    finally:
+        gc.unfreeze()

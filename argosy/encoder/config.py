@@ -18,6 +18,7 @@ class EncoderConfig:
     max_num_seqs: int = 256  # sequences in one forward pass
     max_model_len: int | None = None  # tokens per input (None: the checkpoint's, e.g. max_seq_length)
     max_client_batch_size: int = MAX_CLIENT_BATCH_SIZE
+    cpu_threads: int | None = None  # CPU: the kernels' threads (None: the usable cores; EngineConfig's)
 
     def __post_init__(self) -> None:
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
@@ -25,7 +26,7 @@ class EncoderConfig:
         for name in ("max_num_seqs", "max_client_batch_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
-        for name in ("max_num_batched_tokens", "max_model_len"):
+        for name in ("max_num_batched_tokens", "max_model_len", "cpu_threads"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be at least 1, got {value}")

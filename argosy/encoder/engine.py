@@ -23,6 +23,7 @@ from argosy.encoder.errors import BatchTooLargeError, EncoderInputError, InputTo
 from argosy.encoder.pooling import pool
 from argosy.encoder.scheduler import EncodeItem, EncodeRequest, EncoderScheduler
 from argosy.encoder.tokenize import EncoderTokenizer
+from argosy.engine.platforms import platform_for
 
 logger = logging.getLogger(__name__)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -62,6 +63,7 @@ class EncoderEngine:
         self.spec = load_encoder_spec(config.model)
         self.kind = self.spec.kind
         self.device = resolve_device(config.device)
+        platform_for(self.device).use_threads(config.cpu_threads)
         self.dtype = resolve_dtype(config.dtype, self.spec.torch_dtype, self.device)
         limit = self.spec.max_seq_len
         if config.max_model_len is not None and config.max_model_len > self.spec.bert.max_position_embeddings:

@@ -55,6 +55,12 @@ class EngineConfig:
     distributed_executor_backend: str | None = setting(
         None, "how the other ranks start: mp (local processes), ray (a placement group on the Ray cluster), "
         "torchrun (default: torchrun when started by it, else mp)", choices=("mp", "ray", "torchrun"))
+    # CPU: the kernels' threads in each rank. None: the cores the process may use (its cgroup's quota
+    # included), shared among the host's ranks. A fleet sets it for the CPU replicas it starts on one
+    # machine, so that they do not oversubscribe its cores (docs/fleet.md).
+    cpu_threads: int | None = setting(None, "CPU: threads of each rank's kernels (default: the cores this process "
+                                      "may use, its cgroup's CPU quota included, shared among the host's ranks)",
+                                      at_least=1)
     max_logprobs: int = setting(20, "most logprobs a request may ask for", at_least=0)
     # offline (the LLM class: throughput first) or server (a replica: latency between tokens first).
     usage: str = setting("server", "offline or server", flag=None, fleet=False, choices=("offline", "server"))

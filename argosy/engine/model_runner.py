@@ -121,6 +121,7 @@ class ModelRunner(RunnerBase):
         self.device = config.resolved_device()
         self.platform = platform_for(self.device)
         self.platform.prepare_process()
+        self.platform.use_threads(config.cpu_threads)
         checkpoint = checkpoint or open_checkpoint(config.model)
         self.model_config = checkpoint.config
         self.dtype = resolve_dtype(config, self.model_config, self.platform)

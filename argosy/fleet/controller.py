@@ -13,8 +13,9 @@ import atexit
 import logging
 
 from argosy.config import FleetConfig, FleetConfigError, ModelConfig, ResolvedRevision, load_fleet
+from argosy.engine.host_cores import usable_cores
 from argosy.fleet.capacity import CapacityBook, summary
-from argosy.fleet.local import LocalProvider
+from argosy.fleet.local import LocalProvider, cpu_threads_each
 from argosy.fleet.metrics import FleetMetrics
 from argosy.fleet.model_controller import ModelController
 from argosy.fleet.placement import Need, Node, Placer, detect_nodes, replica_need
@@ -117,11 +118,17 @@ class Controller:
             gpus = ", ".join(f"{g.model} {g.memory_gib:.0f} GiB" for g in n.gpus) or "no GPUs"
             ram = "unbounded" if n.memory_gib == float("inf") else f"{n.memory_gib:.1f} GiB"
             log.info("fleet: node %s (%s): %s, RAM %s", n.name, n.provider, gpus, ram)
+        threads = cpu_threads_each(models, any(n.gpus for n in nodes if n.provider == "local"))
+        if threads is not None:
+            log.info("fleet: CPU replicas on this machine run their kernels on %d thread%s each (its %d cores "
+                     "over the replicas the fleet file allows here; engine.cpu_threads sets it)", threads,
+                     "" if threads == 1 else "s", usable_cores())
         for m in models:
             routes = self.gateway.model(m.name)
             mc = ModelController(m, routes, self.gateway, self.providers[m.provider], self.placer,
                                  lambda rev, m=m: revision_need(m, rev, nodes), self.metrics,
-                                 otlp_endpoint=self.fleet.gateway.otlp_endpoint)
+                                 otlp_endpoint=self.fleet.gateway.otlp_endpoint,
+                                 cpu_threads=threads if m.provider == "local" else None)
             self.models[m.name] = mc
             self.rollouts[m.name] = mgr = RolloutManager(mc, routes, self.store, self.rollout_metrics, m.rollout)
             await mgr.restore()  # the stable revision and split it had; a rollout in progress resumes

@@ -13,6 +13,8 @@ import os
 import signal
 import sys
 
+from argosy.config import ModelConfig
+from argosy.engine.host_cores import usable_cores
 from argosy.fleet.placement import Node, detect_nodes
 from argosy.fleet.replica import Replica, ReplicaSpec
 
@@ -22,6 +24,26 @@ PR_SET_PDEATHSIG = 1
 def die_with_parent() -> None:  # runs in the child between fork and exec
     with contextlib.suppress(Exception):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def cpu_threads_each(models: list[ModelConfig], gpus_here: bool, cores: int | None = None) -> int | None:
+    """The kernel threads of each CPU replica this machine runs: its usable cores over the most CPU
+    replicas the fleet file lets run here at once (each local model's max_replicas and warm pool), at
+    least 1. torch would give every replica all the cores: three replicas on two cores then ran six
+    threads, whose OpenMP spin-waits took the cores from each other (BENCHMARKS.md, "Fleet"). A rollout's
+    surge replicas are not counted. None: OMP_NUM_THREADS is set (the operator's, for every replica)."""
+    if "OMP_NUM_THREADS" in os.environ:
+        return None
+    slots = 0
+    for m in models:
+        if m.provider != "local":
+            continue
+        on_cpu = [r.autoscaling.max_replicas + r.autoscaling.warm_pool for r in m.resolved().values()
+                  if not (r.engine.device.startswith("cuda") or (r.engine.device == "auto" and gpus_here))]
+        slots += max(on_cpu, default=0)  # a model's revisions take turns, bar a rollout's surge
+    if slots == 0:
+        return None
+    return max(1, (cores or usable_cores()) // slots)
 
 
 def engine_command(spec: ReplicaSpec, python: str | None = None, host: str = "127.0.0.1") -> list[str]:

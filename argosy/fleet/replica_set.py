@@ -32,12 +32,13 @@ MAX_BACKOFF_S = 30.0
 class ReplicaSet:
     def __init__(self, cfg: ModelConfig, routes: ModelRoutes, gateway: GatewayPort, provider: ReplicaProvider,
                  placer: Placer, need: Need | Callable[[ResolvedRevision], Need], metrics: FleetMetrics,
-                 clock=time.monotonic, otlp_endpoint: str | None = None):
+                 clock=time.monotonic, otlp_endpoint: str | None = None, cpu_threads: int | None = None):
         # self.a: the model's own autoscaling fields: restart backoff, the loop's tick, the cold-start hold.
         self.cfg, self.a, self.routes, self.gateway, self.provider = cfg, cfg.autoscaling, routes, gateway, provider
         self.placer, self.m, self.clock = placer, metrics, clock
         self._need, self.needs = need, {}
         self.otlp_endpoint = otlp_endpoint  # the replicas continue the gateway's traces
+        self.cpu_threads = cpu_threads  # a CPU replica's share of this machine's cores (fleet/local.py)
         self.name = cfg.name
         self.revisions = cfg.resolved()
         self.stable = cfg.stable_at_start()
@@ -84,9 +85,7 @@ class ReplicaSet:
             self._refused(r, e)
             return None
         rc = self.revisions[rev]
-        args = engine_args(self.cfg.model_copy(update={"engine": rc.engine}), need.gpus > 0) + ["--revision", rev]
-        if self.otlp_endpoint:  # the replica continues the gateway's traces
-            args += ["--otlp-endpoint", self.otlp_endpoint]
+        args = self.replica_args(rev, need)
         # The fleet's replica secret goes through the environment, never argv (`ps` shows argv to anyone).
         stages = rc.engine.pipeline_parallel_size if self.cfg.pipeline_across_nodes else 1
         r.spec = spec = ReplicaSpec(self.name, str(rc.checkpoint), args, stages=stages,
@@ -110,6 +109,17 @@ class ReplicaSet:
                  " (warm pool)" if pooled else "", spec.placement.node)
         r.task = asyncio.get_running_loop().create_task(self.run_replica(r))
         return r
+
+    def replica_args(self, rev: str, need: Need) -> list[str]:
+        """The `argosy engine` flags of a replica of this revision: the fleet file's engine section, the
+        revision, the trace endpoint, and on the CPU the replica's share of the machine's cores."""
+        rc = self.revisions[rev]
+        args = engine_args(self.cfg.model_copy(update={"engine": rc.engine}), need.gpus > 0) + ["--revision", rev]
+        if self.otlp_endpoint:  # the replica continues the gateway's traces
+            args += ["--otlp-endpoint", self.otlp_endpoint]
+        if self.cpu_threads is not None and need.gpus == 0 and "cpu_threads" not in rc.engine.model_fields_set:
+            args += ["--cpu-threads", str(self.cpu_threads)]
+        return args
 
     def _refused(self, r: Replica, e: Exception) -> None:
         r.state, r.detail = FAILED, f"cannot start: {e}"[-300:]

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 from argosy.config import FleetConfig, FleetConfigError, load_fleet, parse_fleet
+from argosy.startup_heap import freeze_startup_heap, pause_collection
 
 
 def add_serve_arguments(p: argparse.ArgumentParser) -> None:
@@ -118,6 +119,7 @@ class ServeApp:
             if msg["type"] == "lifespan.startup":
                 await self.gateway.startup()
                 await self.controller.start()
+                freeze_startup_heap()  # the gateway's and the controller's start-up objects
                 await send({"type": "lifespan.startup.complete"})
             else:
                 print("argosy serve: stopping replicas ...", flush=True)
@@ -129,6 +131,7 @@ class ServeApp:
 
 
 def run_serve(args: argparse.Namespace) -> int:
+    pause_collection()  # until the gateway and the controller have started (argosy/startup_heap.py)
 
     from argosy.fleet.controller import managed
     from argosy.gateway import local_admin

@@ -59,6 +59,7 @@ from argosy.gateway.upstream_client import UpstreamClient
 from argosy.observe.gateway_requests import GatewayRequest, serve_request
 from argosy.observe.sampler import Sampler
 from argosy.observe.tracing import make_tracing
+from argosy.startup_heap import freeze_startup_heap
 
 log = logging.getLogger("argosy.gateway")
 
@@ -185,6 +186,7 @@ class Gateway:
                 msg = await receive()
                 if msg["type"] == "lifespan.startup":
                     await self.startup()
+                    freeze_startup_heap()  # the gateway's start-up objects: out of every later collection
                     await send({"type": "lifespan.startup.complete"})
                 else:
                     await self.shutdown()

@@ -22,6 +22,7 @@ from typing import Any
 from argosy.engine.outputs import RequestOutput
 from argosy.engine.sampling_params import SamplingParams
 from argosy.server.request_group import EngineRequest, OutputObserver, RequestGroup
+from argosy.startup_heap import freeze_startup_heap
 
 __all__ = ["AsyncEngine", "EngineRequest", "EngineStepError", "OutputObserver", "RequestGroup"]
 
@@ -167,6 +168,7 @@ class AsyncEngine:
             group._fail(error)
 
     def _loaded(self) -> None:
+        freeze_startup_heap()  # the model and what loading it made: out of every later collection
         self.ready = True
         if self._on_ready is not None:
             self._on_ready()

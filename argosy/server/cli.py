@@ -97,6 +97,9 @@ def run_engine_server(args: argparse.Namespace) -> None:
             return
     except ValueError as exc:
         raise SystemExit(f"argosy engine: {exc}") from None
+    from argosy.startup_heap import pause_collection
+
+    pause_collection()  # until the engine is ready (argosy/startup_heap.py)
     served = args.served_model_name or default_name or served_name(args.model, model)
     from argosy.observe.logs import setup_logging
     from argosy.observe.tracing import make_tracing

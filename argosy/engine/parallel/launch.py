@@ -24,6 +24,7 @@ from argosy.engine.config import EngineConfig
 from argosy.engine.parallel.control import STOP_TIMEOUT_S, accept_ranks, close_connections, ip_toward, send_stop
 from argosy.engine.parallel.state import ParallelState, free_port, init_parallel, rank_device
 from argosy.engine.parallel.worker import Worker, remote_worker_main, worker_main
+from argosy.engine.platforms import platform_for
 
 TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
@@ -159,4 +160,6 @@ def driver_worker(config: EngineConfig, ranks: Ranks) -> Worker:
     ps = init_parallel(0, config.tensor_parallel_size, config.pipeline_parallel_size, ranks.driver_device,
                        ranks.master_addr, ranks.port)
     ranks.connect(ps)
+    local = config.tensor_parallel_size * config.pipeline_parallel_size if isinstance(ranks, SpawnedRanks) else 1
+    platform_for(ranks.driver_device).use_threads(config.cpu_threads, local)  # spawned ranks share this host
     return Worker(config, ps)

@@ -156,7 +156,7 @@ def worker_main(rank: int, port: int, config: EngineConfig, conn: Connection) ->
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle; it stops us
     tp, pp = config.tensor_parallel_size, config.pipeline_parallel_size
     base = config.resolved_device()
-    platform_for(base).share_host(tp * pp)  # the CPU's ranks share its cores
+    platform_for(base).use_threads(config.cpu_threads, tp * pp)  # the CPU's ranks share its cores
     ps = init_parallel(rank, tp, pp, rank_device(base, rank), "127.0.0.1", port)
     serve_steps(Worker(config, ps), conn)
 

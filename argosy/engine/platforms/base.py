@@ -25,8 +25,9 @@ class Platform:
     def prepare_process(self) -> None:
         """Process-wide settings, before anything large is allocated."""
 
-    def share_host(self, ranks: int) -> None:
-        """This process is one of `ranks` engine processes spawned on one host."""
+    def use_threads(self, threads: int | None, ranks: int = 1) -> None:
+        """The host's threads for this process's kernels: `threads`, or None for the device's default
+        (this process being one of `ranks` engine processes spawned on one host)."""
 
     def default_dtype(self, model_cfg: ModelConfig) -> torch.dtype:
         return DTYPES.get(str(model_cfg.torch_dtype), torch.bfloat16)

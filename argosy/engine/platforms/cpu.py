@@ -1,7 +1,8 @@
 """The CPU: every CPU-specific choice the engine makes, in the order a runner meets them.
 
-- The process: glibc keeps freed memory in its heap (cpu_memory.keep_freed_memory); ranks spawned on
-  one host share its cores.
+- The process: glibc keeps freed memory in its heap (cpu_memory.keep_freed_memory); the kernels run
+  on `cpu_threads`, else on the cores the process may use (cgroup quota included), shared among the
+  ranks spawned on one host.
 - float32 by default: half-precision matmuls on most CPUs are slower than float32.
 - The weights go into memory advised to transparent huge pages before the checkpoint is copied in
   (cpu_memory.weights_in_huge_pages).
@@ -23,6 +24,7 @@ from argosy.engine import cpu_kernels, quant_kernels
 from argosy.engine.config import CPU_DEFAULT_KV_GIB, EngineConfig
 from argosy.engine.cpu_linear import route_cpu_linears
 from argosy.engine.cpu_memory import keep_freed_memory, weights_in_huge_pages
+from argosy.engine.host_cores import usable_cores
 from argosy.engine.models.llama import MLP, Attention, RMSNorm
 from argosy.engine.platforms.base import Platform
 from argosy.engine.quant_linear import QuantLinear
@@ -38,8 +40,16 @@ class CpuPlatform(Platform):
     def prepare_process(self) -> None:
         keep_freed_memory()
 
-    def share_host(self, ranks: int) -> None:
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // ranks))
+    def use_threads(self, threads: int | None, ranks: int = 1) -> None:
+        """threads given (EngineConfig.cpu_threads): that many. Else the usable cores shared among the
+        host's ranks, where that is fewer than torch would run: OMP_NUM_THREADS, or a lower count a
+        caller set, stays."""
+        if threads is None:
+            share = max(1, usable_cores() // ranks)
+            if "OMP_NUM_THREADS" in os.environ or share >= torch.get_num_threads():
+                return
+            threads = share
+        torch.set_num_threads(threads)
 
     def default_dtype(self, model_cfg) -> torch.dtype:
         return torch.float32

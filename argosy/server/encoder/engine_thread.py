@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from argosy.encoder.engine import EncoderOutput
+from argosy.startup_heap import freeze_startup_heap
 
 STATS_INTERVAL_S = 0.02
 
@@ -117,6 +118,7 @@ class AsyncEncoder:
         self._on_failed(exc)
 
     def _loaded(self) -> None:
+        freeze_startup_heap()  # the model and what loading it made: out of every later collection
         self.ready = True
         self._on_ready()
 
