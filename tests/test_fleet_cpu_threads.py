@@ -127,3 +127,16 @@ def test_argosy_serve_gives_each_cpu_replica_its_share_of_the_cores(tmp_path):
         assert any(f"run their kernels on {want} thread" in line for line in serve.lines), serve.lines[-20:]
     finally:
         serve.stop()
+
+
+def test_more_threads_than_usable_cores_are_run_but_named(caplog):
+    from argosy.engine.platforms.cpu import CpuPlatform
+
+    before = torch.get_num_threads()
+    try:
+        with caplog.at_level("WARNING", logger="argosy.engine"):
+            CpuPlatform().use_threads(usable_cores() + 1)
+        assert torch.get_num_threads() == usable_cores() + 1
+        assert "exceeds the" in caplog.text and "take turns" in caplog.text
+    finally:
+        torch.set_num_threads(before)

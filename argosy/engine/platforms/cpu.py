@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 
 import torch
@@ -29,6 +30,7 @@ from argosy.engine.models.llama import MLP, Attention, RMSNorm
 from argosy.engine.platforms.base import Platform
 from argosy.engine.quant_linear import QuantLinear
 
+log = logging.getLogger("argosy.engine")
 GIB = 1 << 30
 CPU_DECODE_GROUP_BYTES = 4 << 20  # K and V of one decode group, one layer (measured best of 1-32 MiB)
 
@@ -49,6 +51,9 @@ class CpuPlatform(Platform):
             if "OMP_NUM_THREADS" in os.environ or share >= torch.get_num_threads():
                 return
             threads = share
+        elif threads > usable_cores():
+            log.warning("cpu_threads %d exceeds the %d cores this process may use: its threads will take turns on "
+                        "them", threads, usable_cores())
         torch.set_num_threads(threads)
 
     def default_dtype(self, model_cfg) -> torch.dtype:
