@@ -30,9 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-ENGINE = {"max_num_seqs": 32, "max_num_batched_tokens": 512, "kv_cache_memory_gib": 0.5}
-AUTOSCALING = {"min_replicas": 1, "max_replicas": 3, "metric": "concurrency", "target": 4, "target_utilization": 0.7,
-               "stable_window_s": 20, "panic_window_s": 4, "scale_down_delay_s": 10, "tick_s": 1}
+from sim_prediction import AUTOSCALING, ENGINE  # noqa: E402 - the prediction bench's fleet, the same here
 
 
 def fleet_file(tmp: Path, ckpt: str, threads: int | None) -> Path:

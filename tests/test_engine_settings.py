@@ -87,6 +87,8 @@ def test_the_flags_users_know_keep_their_names_short_forms_and_choices():
 @pytest.mark.parametrize("name,value,says", [
     ("max_num_batched_tokens", 0, "at least 1"),
     ("max_num_seqs", 0, "at least 1"),
+    ("cpu_threads", 0, "at least 1"),
+    ("cpu_threads", 10 ** 6, "at most 1024"),
     ("max_model_len", 0, "at least 1"),
     ("tensor_parallel_size", 0, "at least 1"),
     ("block_size", 24, "power of two from 1 to 256"),

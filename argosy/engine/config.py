@@ -20,6 +20,8 @@ DTYPE_NAMES = ("float32", "bfloat16", "float16")
 # The C decode kernel keeps one block's scores per query head on its thread's stack (csrc/paged_attention.c),
 # and gather + SDPA copies whole blocks: a power of two up to this is what both are tested with.
 MAX_BLOCK_SIZE = 256
+# OpenMP makes every thread asked for at its first parallel region: 10**6 threads segfaulted torch here.
+MAX_CPU_THREADS = 1024
 CPU_DEFAULT_KV_GIB = 2.0  # the CPU's KV cache without kv_cache_memory_gib: this, or a quarter of free RAM if less
 DEVICE_PATTERN = (r"auto|cpu|cuda(:\d+)?", "auto, cpu, cuda or cuda:N")
 
@@ -60,7 +62,7 @@ class EngineConfig:
     # machine, so that they do not oversubscribe its cores (docs/fleet.md).
     cpu_threads: int | None = setting(None, "CPU: threads of each rank's kernels (default: the cores this process "
                                       "may use, its cgroup's CPU quota included, shared among the host's ranks)",
-                                      at_least=1)
+                                      at_least=1, at_most=MAX_CPU_THREADS)
     max_logprobs: int = setting(20, "most logprobs a request may ask for", at_least=0)
     # offline (the LLM class: throughput first) or server (a replica: latency between tokens first).
     usage: str = setting("server", "offline or server", flag=None, fleet=False, choices=("offline", "server"))

@@ -18,7 +18,7 @@ from argosy.fleet.capacity import CapacityBook, summary
 from argosy.fleet.local import LocalProvider, cpu_threads_each
 from argosy.fleet.metrics import FleetMetrics
 from argosy.fleet.model_controller import ModelController
-from argosy.fleet.placement import Need, Node, Placer, detect_nodes, replica_need
+from argosy.fleet.placement import Need, Node, Placer, detect_nodes, replica_need, runs_on_gpu
 from argosy.fleet.preemption import PreemptionNotice, Preemptions
 from argosy.fleet.replica import DRAINING, READY, WARMING
 from argosy.fleet.rollout.manager import RolloutManager
@@ -59,8 +59,7 @@ def model_resources(m: ModelConfig) -> dict[str, float]:
 
 def revision_need(m: ModelConfig, rev: ResolvedRevision, nodes: list[Node]) -> Need:
     """One replica of this revision: from its checkpoint's config.json and engine settings."""
-    gpus_here = any(n.gpus for n in nodes if n.provider == m.provider)
-    on_gpu = rev.engine.device.startswith("cuda") or (rev.engine.device == "auto" and gpus_here)
+    on_gpu = runs_on_gpu(rev.engine, any(n.gpus for n in nodes if n.provider == m.provider))
     if m.kind != "generate":  # an encoder: weights and a batch's activations, a share of a GPU
         from argosy.fleet.components import encoder_need
 

@@ -15,7 +15,7 @@ import sys
 
 from argosy.config import ModelConfig
 from argosy.engine.host_cores import usable_cores
-from argosy.fleet.placement import Node, detect_nodes
+from argosy.fleet.placement import Node, detect_nodes, runs_on_gpu
 from argosy.fleet.replica import Replica, ReplicaSpec
 
 PR_SET_PDEATHSIG = 1
@@ -39,7 +39,7 @@ def cpu_threads_each(models: list[ModelConfig], gpus_here: bool, cores: int | No
         if m.provider != "local":
             continue
         on_cpu = [r.autoscaling.max_replicas + r.autoscaling.warm_pool for r in m.resolved().values()
-                  if not (r.engine.device.startswith("cuda") or (r.engine.device == "auto" and gpus_here))]
+                  if not runs_on_gpu(r.engine, gpus_here)]
         slots += max(on_cpu, default=0)  # a model's revisions take turns, bar a rollout's surge
     if slots == 0:
         return None

@@ -135,6 +135,12 @@ def checkpoint_config(checkpoint: str | Path) -> dict:
             "gguf_bytes": path.stat().st_size}
 
 
+def runs_on_gpu(engine: EngineSection, gpus_here: bool) -> bool:
+    """A replica with this engine section runs on a GPU: its device names CUDA, or is auto where the
+    provider's nodes have GPUs."""
+    return engine.device.startswith("cuda") or (engine.device == "auto" and gpus_here)
+
+
 def replica_need(checkpoint: str | Path, engine: EngineSection, on_gpu: bool) -> Need:
     """Memory one replica needs, from the checkpoint's config and the engine settings. A GGUF file's
     quantized weights stay quantized on the CPU (about the file's size) and become bfloat16 on a GPU."""

@@ -79,13 +79,22 @@ def _neighbour_buffer(nbytes: int) -> np.ndarray:
     return np.ones(max(min(nbytes, NEIGHBOUR_CAP_BYTES) // 8, 1))
 
 
+def _beside_neighbours(engine: LLMEngine, median_of) -> tuple[float, list[tuple[float, float]]] | None:
+    """median_of(buffer) back to back (buffer None) and after n replicas' worth of weights went through the
+    cache, for n in NEIGHBOURS: (alone, [(n, time)]); alone is the mean of one taken before and one after,
+    on a machine whose speed drifts. None where the engine's weights are not known."""
+    size = _weight_bytes(engine)
+    if size == 0:
+        return None
+    alone = median_of(None)
+    rows = [(float(n), median_of(_neighbour_buffer(n * size))) for n in NEIGHBOURS]
+    return (alone + median_of(None)) / 2, rows
+
+
 def _neighbour_sweep(engine: LLMEngine, probe: _Prober, batch: int, repeats: int) -> tuple[tuple[float, float], ...]:
     """Decode steps of `batch` sequences after n replicas' worth of weights went through the cache between
     them (a buffer streamed as a neighbour's step reads its weights), less the same steps back to back:
     (n, seconds) for n in NEIGHBOURS. What packing replicas onto one node costs each step, from one replica."""
-    size = _weight_bytes(engine)
-    if size == 0:
-        return ()
 
     def median_step(buffer: np.ndarray | None) -> float:
         probe.decoding(batch, 32)
@@ -99,9 +108,10 @@ def _neighbour_sweep(engine: LLMEngine, probe: _Prober, batch: int, repeats: int
         probe.clear()
         return statistics.median(times)
 
-    alone = median_step(None)
-    rows = [(float(n), median_step(_neighbour_buffer(n * size))) for n in NEIGHBOURS]
-    alone = (alone + median_step(None)) / 2  # before and after: a machine whose speed drifts
+    swept = _beside_neighbours(engine, median_step)
+    if swept is None:
+        return ()
+    alone, rows = swept
     return tuple((n, max(t - alone, 0.0)) for n, t in rows)
 
 
@@ -122,9 +132,6 @@ def _node_neighbour_sweep(engine: LLMEngine, repeats: int) -> tuple[tuple[float,
     """The serving path's time after n replicas' worth of weights went through the cache, over its time
     back to back: (n, ratio) for n in NEIGHBOURS. On a packed node the gateway's, the event loops' and the
     client's work on each chunk finds the engines' weights where its own code and data were."""
-    size = _weight_bytes(engine)
-    if size == 0:
-        return ()
 
     def median_run(buffer: np.ndarray | None) -> float:
         times = []
@@ -137,9 +144,10 @@ def _node_neighbour_sweep(engine: LLMEngine, repeats: int) -> tuple[tuple[float,
         return statistics.median(times)
 
     median_run(None)  # a warm-up
-    alone = median_run(None)
-    rows = [(float(n), median_run(_neighbour_buffer(n * size))) for n in NEIGHBOURS]
-    alone = (alone + median_run(None)) / 2  # before and after: a machine whose speed drifts
+    swept = _beside_neighbours(engine, median_run)
+    if swept is None:
+        return ()
+    alone, rows = swept
     return tuple((n, t / alone) for n, t in rows)
 
 

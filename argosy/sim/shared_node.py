@@ -57,11 +57,14 @@ class SharedNode:
         self.demand[rep] = self.threads + (cpu / seconds if seconds > 0 else 0.0)
         return max(1.0, (self.demand[rep] + self.asked(rep)) / self.cores)
 
+    def others_at_work(self, rep) -> int:
+        """The node's other replicas stepping or starting: each streams its weights through the shared cache."""
+        return sum(1 for r in self.live() if r is not rep and (r.busy or r in self.starts))
+
     def outside_scale(self, rep) -> float:
         """What the CPU of `rep`'s tokens outside the engines is multiplied by: the profile measured it beside
         one replica at work; beside more, the serving path's code and data are out of the cache more."""
-        at_work = 1 + sum(1 for r in self.live() if r is not rep and (r.busy or r in self.starts))
-        return self.profile.node_cpu_scale(at_work)
+        return self.profile.node_cpu_scale(1 + self.others_at_work(rep))
 
     def overhead_factor(self) -> float:
         """How many times slower a request's serving overhead (HTTP, tokenization, first chunk: one thread's
@@ -71,7 +74,7 @@ class SharedNode:
     def neighbour_s(self, rep) -> float:
         """What `rep`'s next step takes beyond its profile because its neighbours (the node's other
         replicas at work: stepping or starting) pushed its weights out of the shared cache."""
-        others = sum(1 for r in self.live() if r is not rep and (r.busy or r in self.starts))
+        others = self.others_at_work(rep)
         if not others:
             return 0.0
         # Only a step that starts after the replica was off its core finds its weights gone; it is off

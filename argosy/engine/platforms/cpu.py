@@ -46,14 +46,15 @@ class CpuPlatform(Platform):
         """threads given (EngineConfig.cpu_threads): that many. Else the usable cores shared among the
         host's ranks, where that is fewer than torch would run: OMP_NUM_THREADS, or a lower count a
         caller set, stays."""
+        cores = usable_cores()
         if threads is None:
-            share = max(1, usable_cores() // ranks)
+            share = max(1, cores // ranks)
             if "OMP_NUM_THREADS" in os.environ or share >= torch.get_num_threads():
                 return
             threads = share
-        elif threads > usable_cores():
+        elif threads > cores:
             log.warning("cpu_threads %d exceeds the %d cores this process may use: its threads will take turns on "
-                        "them", threads, usable_cores())
+                        "them", threads, cores)
         torch.set_num_threads(threads)
 
     def default_dtype(self, model_cfg) -> torch.dtype:

@@ -31,7 +31,7 @@ def run_encoder_server(args: argparse.Namespace, model: Path, bind: Callable[[st
         spec = load_encoder_spec(model)
         config = EncoderConfig(model=str(model), dtype=args.dtype, device=args.device,
                                max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
-                               max_model_len=args.max_model_len, cpu_threads=getattr(args, "cpu_threads", None),
+                               max_model_len=args.max_model_len, cpu_threads=args.cpu_threads,
                                max_client_batch_size=getattr(args, "max_client_batch_size", None)
                                or MAX_CLIENT_BATCH_SIZE)
     except (ValueError, EncoderCheckpointError) as exc:
