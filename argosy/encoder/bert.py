@@ -20,6 +20,7 @@ from torch import nn
 
 from argosy.encoder.batch import PackedBatch
 from argosy.encoder.checkpoint import RERANK, BertConfig, EncoderCheckpointError, EncoderSpec
+from argosy.engine.models.skeleton import unfilled_embedding
 
 _ACTIVATIONS = {"gelu": lambda x: F.gelu(x), "relu": F.relu,
                 "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
@@ -71,9 +72,9 @@ class BertEncoderModel(nn.Module):
         super().__init__()
         h = cfg.hidden_size
         self.cfg = cfg
-        self.word_embeddings = nn.Embedding(cfg.vocab_size, h)
-        self.position_embeddings = nn.Embedding(cfg.max_position_embeddings, h)
-        self.token_type_embeddings = nn.Embedding(max(cfg.type_vocab_size, 1), h)
+        self.word_embeddings = unfilled_embedding(cfg.vocab_size, h)
+        self.position_embeddings = unfilled_embedding(cfg.max_position_embeddings, h)
+        self.token_type_embeddings = unfilled_embedding(max(cfg.type_vocab_size, 1), h)
         self.embeddings_norm = nn.LayerNorm(h, eps=cfg.layer_norm_eps)
         self.layers = nn.ModuleList(BertLayer(cfg) for _ in range(cfg.num_layers))
         self.pooler = nn.Linear(h, h) if with_classifier else None

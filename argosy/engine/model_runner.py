@@ -92,7 +92,7 @@ class RunnerBase:
         (the padding rows of CUDA graphs write there)."""
         self.num_blocks = num_blocks
         shape = (2, num_blocks + spare_blocks, self.block_size, self.num_kv_heads, self.model_config.head_dim)
-        self.kv_caches = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in self.model.layers]
+        self.kv_caches = [self.platform.kv_cache_tensor(shape, self.dtype, self.device) for _ in self.model.layers]
         self.use_attention()
 
     def use_attention(self, name: str | None = None) -> AttentionBackend:

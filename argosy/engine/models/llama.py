@@ -11,6 +11,7 @@ from torch import nn
 
 from argosy.engine.attention import AttentionBackend, AttentionMetadata, paged_attention, write_kv
 from argosy.engine.checkpoint import CheckpointError, ModelConfig
+from argosy.engine.models.skeleton import unfilled_embedding
 
 
 class RMSNorm(nn.Module):
@@ -42,8 +43,10 @@ class RMSNorm(nn.Module):
 
 
 def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
+    """The rotary frequencies [head_dim / 2], float32, on the CPU even inside a meta-device build (model
+    skeletons: on meta, this arithmetic would import torch._dynamo, most of a second of a replica's start)."""
     dim = cfg.head_dim
-    inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64, device="cpu").float() / dim))
     s = cfg.rope_scaling
     if s is None:
         return inv_freq
@@ -143,7 +146,7 @@ class LlamaForCausalLM(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.embed_tokens = unfilled_embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)

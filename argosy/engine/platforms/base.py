@@ -43,6 +43,10 @@ class Platform:
         engine will run, for a platform that measures them (memory_profile.py); empty on a parallel rank."""
         raise ValueError("set kv_cache_memory_gib: there is no default KV cache size on this device")
 
+    def kv_cache_tensor(self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        """One layer's KV cache, zeros (an unwritten slot is read as 0, never NaN, by masked attention)."""
+        return torch.zeros(shape, dtype=dtype, device=device)
+
     def graph_capture(self) -> GraphCapture | None:
         """How decode steps are captured for replay (CUDA graphs), or None: every step runs eagerly."""
         return None

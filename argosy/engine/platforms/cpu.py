@@ -24,7 +24,7 @@ import torch
 from argosy.engine import cpu_kernels, quant_kernels
 from argosy.engine.config import CPU_DEFAULT_KV_GIB, EngineConfig
 from argosy.engine.cpu_linear import route_cpu_linears
-from argosy.engine.cpu_memory import keep_freed_memory, weights_in_huge_pages
+from argosy.engine.cpu_memory import keep_freed_memory, weights_in_huge_pages, zeroed_on_first_touch
 from argosy.engine.host_cores import usable_cores
 from argosy.engine.models.llama import MLP, Attention, RMSNorm
 from argosy.engine.platforms.base import Platform
@@ -78,6 +78,9 @@ class CpuPlatform(Platform):
 
     def kv_cache_budget(self, config: EngineConfig, profile=()) -> float:
         return min(CPU_DEFAULT_KV_GIB * GIB, 0.25 * available_memory())
+
+    def kv_cache_tensor(self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        return zeroed_on_first_touch(shape, dtype)
 
 
 def set_quant_batch_dtype(model: torch.nn.Module, choice: str) -> None:

@@ -1,0 +1,119 @@
+"""What a replica's start costs: `argosy engine` imports only its own command, building a model skeleton on
+the meta device does not pull in torch's compiler stack, and the CPU's KV cache is not written at start
+(2.4 s to 1.0 s, the built-in model and the default 2 GiB cache on the 2-core test host)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from argosy.cli import COMMANDS
+from tests.server_fixtures import ROOT
+
+
+def run_python(code: str, *args: str) -> dict:
+    proc = subprocess.run([sys.executable, "-c", code, *args], cwd=ROOT, capture_output=True, text=True, timeout=180,
+                          env={"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_a_command_imports_only_its_own_module():
+    code = """
+import json, sys
+from argosy.cli import COMMANDS, main
+try:
+    main([sys.argv[1], "--help"])
+except SystemExit as e:
+    code = e.code
+print(json.dumps({"exit": code, "loaded": [m for _, _, m, _, _ in COMMANDS if m in sys.modules]}))
+"""
+    for name, module in (("engine", "argosy.server.cli"), ("cost", "argosy.cost.cli")):
+        seen = run_python(code, name)
+        assert seen == {"exit": 0, "loaded": [module]}, (name, seen)
+
+
+@pytest.mark.parametrize("name", [c[0] for c in COMMANDS] + ["generate", "make-test-model", "install-smollm2"])
+def test_every_command_still_has_its_flags(name, capsys):
+    from argosy.cli import main
+
+    with pytest.raises(SystemExit) as stop:
+        main([name, "--help"])
+    assert stop.value.code == 0
+    shown = capsys.readouterr().out
+    usage = shown.split("\n\n", 1)[0]
+    assert usage.startswith(f"usage: argosy {name} ") and usage.split() != ["usage:", "argosy", name, "[-h]"]
+
+
+def test_a_model_loads_and_steps_without_torch_compiler_modules(tiny_llama, tmp_path):
+    """Ops on meta tensors go through torch's Python references, which import torch._dynamo (0.5-0.9 s here):
+    the skeleton's embeddings are left unfilled and its rotary frequencies computed on the CPU."""
+    from argosy.encoder.random_model import make_random_bert
+
+    bert = make_random_bert(tmp_path / "bert", kind="embed", size="tiny", seed=0)
+    code = """
+import json, sys
+from argosy.engine.config import EngineConfig
+from argosy.engine.llm_engine import LLMEngine
+from argosy.engine.sampling_params import SamplingParams
+from argosy.encoder.config import EncoderConfig
+from argosy.encoder.engine import EncoderEngine
+before = "torch._dynamo" in sys.modules
+engine = LLMEngine(EngineConfig(model=sys.argv[1], kv_cache_memory_gib=0.01))
+engine.add_request("0", "hello", SamplingParams(max_tokens=4))
+while engine.has_unfinished_requests():
+    engine.step()
+EncoderEngine(EncoderConfig(model=sys.argv[2]))
+print(json.dumps({"before": before, "after": "torch._dynamo" in sys.modules}))
+"""
+    assert run_python(code, str(tiny_llama), str(bert)) == {"before": False, "after": False}
+
+
+def test_rope_frequencies_are_the_same_from_a_meta_build(tiny_llama):
+    import torch
+
+    from argosy.engine.checkpoint import load_model_config
+    from argosy.engine.models.llama import LlamaForCausalLM, rope_inv_freq
+
+    cfg = load_model_config(tiny_llama)
+    with torch.device("meta"):
+        model = LlamaForCausalLM(cfg)
+        inside = rope_inv_freq(cfg)
+    assert inside.device.type == "cpu" and model.embed_tokens.weight.device.type == "meta"
+    dim = cfg.head_dim
+    assert torch.equal(inside, 1.0 / cfg.rope_theta ** (torch.arange(0, dim, 2).float() / dim))
+
+
+def test_the_cpu_kv_cache_is_zeros_that_take_memory_as_written(tiny_llama):
+    code = """
+import json, sys
+from argosy.engine.cpu_memory import zeroed_on_first_touch
+from argosy.engine.config import EngineConfig
+from argosy.engine.llm_engine import LLMEngine
+from argosy.engine.sampling_params import SamplingParams
+import torch
+def resident_mib():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096 / 2**20
+engine = LLMEngine(EngineConfig(model=sys.argv[1], kv_cache_memory_gib=1.0))
+runner = engine.runner
+cache_mib = sum(t.numel() * t.element_size() for t in runner.kv_caches) / 2**20
+at_start = resident_mib()
+engine.add_request("0", "hello", SamplingParams(max_tokens=4))
+while engine.has_unfinished_requests():
+    engine.step()
+before = resident_mib()
+part = zeroed_on_first_touch((64, 2**20), torch.float32)  # 256 MiB
+fresh = resident_mib() - before
+part[:8] = 1.0  # 32 MiB written
+written = resident_mib() - before
+print(json.dumps({"cache_mib": cache_mib, "at_start_mib": at_start, "zeros": bool((part[8:] == 0).all()),
+                  "ones": bool((part[:8] == 1).all()), "fresh_mib": fresh, "written_mib": written}))
+"""
+    seen = run_python(code, str(tiny_llama))
+    assert seen["cache_mib"] > 900 and seen["at_start_mib"] < 700, seen  # torch.zeros held all of it
+    assert seen["zeros"] and seen["ones"], seen
+    assert seen["fresh_mib"] < 8 and 28 < seen["written_mib"] < 48, seen
