@@ -384,3 +384,80 @@ def test_a_16_bit_tensor_of_odd_width_stays_float32(tmp_path_factory, monkeypatc
         kept = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, GREEDY, use_tqdm=False)]
     monkeypatch.setattr(quant_kernels, "available", lambda: False)
     assert kept == greedy(path)
+
+
+def test_the_fast_reader_reads_every_field_and_tensor_as_gguf_does(tmp_path, llama_folder):
+    """reader.py parses metadata arrays in one pass (1.5 s of SmolLM2's 2.5 s start was gguf's per-element
+    parse); what it gives must be what gguf.GGUFReader gives, arrays of every kind and empty ones included."""
+    from argosy.engine.gguf.reader import FastGGUFReader
+
+    good = hf_to_gguf(llama_folder, tmp_path / "good.gguf", "Q8_0")
+    extra = {"test.floats": ([0.5, -2.25, 1e-3], gguf.GGUFValueType.FLOAT32),
+             "test.bools": ([True, False, True], gguf.GGUFValueType.BOOL),
+             "test.u64": ([2**63 + 1, 0], gguf.GGUFValueType.UINT64),
+             "test.words": (["", "héllo wörld", "日本語", "a b"], gguf.GGUFValueType.STRING)}
+    source = gguf.GGUFReader(good)
+    out = tmp_path / "arrays.gguf"
+    writer = gguf.GGUFWriter(str(out), source.fields["general.architecture"].contents())
+    for key, field in source.fields.items():
+        if not key.startswith("GGUF.") and key != "general.architecture":
+            sub = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
+            writer.add_key_value(key, field.contents(), field.types[0], sub_type=sub)
+    for key, (values, sub) in extra.items():
+        writer.add_key_value(key, values, gguf.GGUFValueType.ARRAY, sub_type=sub)
+    for t in source.tensors:
+        writer.add_tensor(t.name, np.ascontiguousarray(t.data),
+                          raw_dtype=None if t.tensor_type == gguf.GGMLQuantizationType.F32 else t.tensor_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    theirs, ours = gguf.GGUFReader(out), FastGGUFReader(out)
+    assert list(ours.fields) == list(theirs.fields)
+    for key in theirs.fields:
+        assert ours.fields[key].contents() == theirs.fields[key].contents(), key
+    assert ours.fields["test.words"].contents() == extra["test.words"][0]
+    assert ours.fields["tokenizer.ggml.tokens"].contents()[:3] == theirs.fields["tokenizer.ggml.tokens"].contents()[:3]
+    assert ours.data_offset == theirs.data_offset and len(ours.tensors) == len(theirs.tensors) > 0
+    for a, b in zip(ours.tensors, theirs.tensors, strict=True):
+        assert (a.name, a.tensor_type, a.shape.tolist(), a.n_bytes, a.data_offset) == \
+            (b.name, b.tensor_type, b.shape.tolist(), b.n_bytes, b.data_offset)
+        assert a.data.dtype == b.data.dtype and np.array_equal(a.data, b.data)
+
+
+@pytest.mark.parametrize("where", ["a-string-past-the-end", "cut-in-the-vocabulary"])
+def test_a_token_list_cut_short_or_lying_about_a_length_is_a_checkpoint_error(tmp_path, llama_folder, where):
+    good = hf_to_gguf(llama_folder, tmp_path / "good.gguf", "F32")
+    data = bytearray(good.read_bytes())
+    key = b"tokenizer.ggml.tokens"
+    first = data.index(key) + len(key) + 4 + 4 + 8  # value type (array), item type, count: the first length
+    if where == "a-string-past-the-end":
+        data[first:first + 8] = (2**40).to_bytes(8, "little")
+    else:
+        data = data[:first + 500]
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match="truncated or corrupt"):
+        gguf_model_config(bad)
+
+
+def test_the_fast_reader_reads_empty_arrays_as_gguf_does(tmp_path):
+    """gguf's writer refuses empty arrays; other writers need not: a file written by hand."""
+    import struct
+
+    from argosy.engine.gguf.reader import FastGGUFReader
+
+    def key(name: str) -> bytes:
+        return struct.pack("<Q", len(name)) + name.encode()
+
+    string, array, int32 = (int(gguf.GGUFValueType.STRING), int(gguf.GGUFValueType.ARRAY),
+                            int(gguf.GGUFValueType.INT32))
+    kvs = [key("general.architecture") + struct.pack("<I", string) + key("llama"),
+           key("test.no_strings") + struct.pack("<IIQ", array, string, 0),
+           key("test.no_ints") + struct.pack("<IIQ", array, int32, 0),
+           key("test.one_int") + struct.pack("<IIQi", array, int32, 1, -7)]
+    path = tmp_path / "empty.gguf"
+    path.write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 0, len(kvs)) + b"".join(kvs))
+    theirs, ours = gguf.GGUFReader(path), FastGGUFReader(path)
+    assert {k: f.contents() for k, f in ours.fields.items()} == {k: f.contents() for k, f in theirs.fields.items()}
+    assert ours.fields["test.no_strings"].contents() == [] and ours.fields["test.one_int"].contents() == [-7]

@@ -49,8 +49,9 @@ def test_every_command_still_has_its_flags(name, capsys):
 
 
 def test_a_model_loads_and_steps_without_torch_compiler_modules(tiny_llama, tmp_path):
-    """Ops on meta tensors go through torch's Python references, which import torch._dynamo (0.5-0.9 s here):
-    the skeleton's embeddings are left unfilled and its rotary frequencies computed on the CPU."""
+    """Ops on meta tensors go through torch's Python references, which import torch._dynamo (0.5-0.9 s here)
+    and sympy (0.3 s): the skeleton's embeddings are left unfilled, its rotary frequencies computed on the
+    CPU, and its memory given without torch.empty_like."""
     from argosy.encoder.random_model import make_random_bert
 
     bert = make_random_bert(tmp_path / "bert", kind="embed", size="tiny", seed=0)
@@ -61,15 +62,16 @@ from argosy.engine.llm_engine import LLMEngine
 from argosy.engine.sampling_params import SamplingParams
 from argosy.encoder.config import EncoderConfig
 from argosy.encoder.engine import EncoderEngine
-before = "torch._dynamo" in sys.modules
+heavy = ("torch._dynamo", "sympy")
+before = [m for m in heavy if m in sys.modules]
 engine = LLMEngine(EngineConfig(model=sys.argv[1], kv_cache_memory_gib=0.01))
 engine.add_request("0", "hello", SamplingParams(max_tokens=4))
 while engine.has_unfinished_requests():
     engine.step()
 EncoderEngine(EncoderConfig(model=sys.argv[2]))
-print(json.dumps({"before": before, "after": "torch._dynamo" in sys.modules}))
+print(json.dumps({"before": before, "after": [m for m in heavy if m in sys.modules]}))
 """
-    assert run_python(code, str(tiny_llama), str(bert)) == {"before": False, "after": False}
+    assert run_python(code, str(tiny_llama), str(bert)) == {"before": [], "after": []}
 
 
 def test_rope_frequencies_are_the_same_from_a_meta_build(tiny_llama):
@@ -117,3 +119,23 @@ print(json.dumps({"cache_mib": cache_mib, "at_start_mib": at_start, "zeros": boo
     assert seen["cache_mib"] > 900 and seen["at_start_mib"] < 700, seen  # torch.zeros held all of it
     assert seen["zeros"] and seen["ones"], seen
     assert seen["fresh_mib"] < 8 and 28 < seen["written_mib"] < 48, seen
+
+
+def test_materialize_gives_what_to_empty_then_to_gives():
+    import torch
+    from torch import nn
+
+    from argosy.engine.models.skeleton import materialize
+
+    def skeleton() -> nn.Module:
+        with torch.device("meta"):
+            m = nn.Sequential(nn.Linear(4, 3), nn.LayerNorm(3))
+            m.register_buffer("steps", torch.zeros(2, dtype=torch.int64))
+        return m
+
+    ours = materialize(skeleton(), torch.device("cpu"), torch.bfloat16)
+    theirs = skeleton().to_empty(device="cpu").to(torch.bfloat16)
+    shape = {n: (t.shape, t.dtype, t.device) for n, t in ours.state_dict().items()}
+    assert shape == {n: (t.shape, t.dtype, t.device) for n, t in theirs.state_dict().items()}
+    assert shape["steps"][1] == torch.int64 and shape["0.weight"][1] == torch.bfloat16
+    assert all(isinstance(p, nn.Parameter) and p.requires_grad for p in ours.parameters())

@@ -20,7 +20,7 @@ from torch import nn
 
 from argosy.encoder.batch import PackedBatch
 from argosy.encoder.checkpoint import RERANK, BertConfig, EncoderCheckpointError, EncoderSpec
-from argosy.engine.models.skeleton import unfilled_embedding
+from argosy.engine.models.skeleton import materialize, unfilled_embedding
 
 _ACTIVATIONS = {"gelu": lambda x: F.gelu(x), "relu": F.relu,
                 "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
@@ -130,7 +130,7 @@ def load_model(spec: EncoderSpec, device: torch.device, dtype: torch.dtype) -> B
 
     with torch.device("meta"):
         model = BertEncoderModel(spec.bert, with_classifier=spec.kind == RERANK)
-    model = model.to_empty(device=device).to(dtype)
+    model = materialize(model, device, dtype)
     params = dict(model.named_parameters())
     filled: dict[str, int] = {}
     try:

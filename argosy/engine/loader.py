@@ -16,6 +16,7 @@ from argosy.engine.checkpoint import ModelConfig, check_layer_count, iter_weight
 from argosy.engine.config import EngineConfig
 from argosy.engine.gguf.file import is_gguf
 from argosy.engine.models.llama import LlamaForCausalLM, rope_inv_freq
+from argosy.engine.models.skeleton import materialize
 from argosy.engine.platforms import Platform
 from argosy.engine.tokenizer import Tokenizer
 
@@ -69,9 +70,9 @@ def load_model(checkpoint: Checkpoint, config: EngineConfig, device: torch.devic
     else:
         with torch.device("meta"):
             model = LlamaForCausalLM(checkpoint.config)
-        model = model.to_empty(device=device).to(dtype)
+        model = materialize(model, device, dtype)
         platform.place_weights(model)
-        # to_empty left the rotary frequencies uninitialised; they stay float32 in any model dtype.
+        # materialize left the rotary frequencies unfilled; they stay float32 in any model dtype.
         model.inv_freq = rope_inv_freq(checkpoint.config).to(device)
         model.load_weights(checkpoint.weights(device))
     if config.quantization:

@@ -30,9 +30,9 @@ def is_gguf(path: str | os.PathLike) -> bool:
 
 
 def open_gguf(path: str | os.PathLike) -> Any:
-    """A gguf.GGUFReader over the file, after checks that name what is wrong with a bad one. The config,
-    the tokenizer and the weights all read the file: it is parsed once (the reader's Python parse of a
-    50k-token vocabulary takes seconds) while it stays unchanged."""
+    """A gguf.GGUFReader over the file (reader.py's, which parses metadata arrays in one pass), after checks
+    that name what is wrong with a bad one. The config, the tokenizer and the weights all read the file: it
+    is parsed once while it stays unchanged."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"GGUF file {str(path)!r} does not exist")
@@ -49,7 +49,7 @@ def release_mappings() -> None:
 @functools.lru_cache(maxsize=2)
 def _open(path: Path, size: int, mtime_ns: int) -> Any:
     try:
-        import gguf
+        from argosy.engine.gguf.reader import FastGGUFReader
     except ImportError:
         raise CheckpointError("reading GGUF files needs the `gguf` package: pip install gguf") from None
     with open(path, "rb") as f:
@@ -57,7 +57,7 @@ def _open(path: Path, size: int, mtime_ns: int) -> Any:
     if magic != b"GGUF":
         raise CheckpointError(f"{path} is not a GGUF file (its first bytes are {magic!r}, not b'GGUF')")
     try:
-        reader = gguf.GGUFReader(path)
+        reader = FastGGUFReader(path)
     except ValueError as e:
         text = str(e)
         if "is not a valid GGMLQuantizationType" in text:

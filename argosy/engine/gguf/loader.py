@@ -25,6 +25,7 @@ from argosy.engine import quant_kernels
 from argosy.engine.checkpoint import CheckpointError, ModelConfig
 from argosy.engine.gguf.file import PERMUTED_QK, architecture, open_gguf, release_mappings
 from argosy.engine.models.llama import LlamaForCausalLM, rope_inv_freq
+from argosy.engine.models.skeleton import materialize
 from argosy.engine.quant_decode import install_one_call_decode
 from argosy.engine.quant_kernels import KERNEL_TYPES, QuantTensor
 from argosy.engine.quant_linear import QuantEmbedding, QuantLinear
@@ -200,7 +201,7 @@ def build_gguf_model(path: str | os.PathLike, cfg: ModelConfig, device: torch.de
     taken: set[str] = set()
     if device.type == "cpu" and dtype == torch.float32 and quant_kernels.available():
         taken = _keep_quantized(model, weights)
-    model = model.to_empty(device=device).to(dtype)
+    model = materialize(model, device, dtype)
     if place_weights is not None:
         place_weights(model)
     inv_freq = rope_inv_freq(cfg)

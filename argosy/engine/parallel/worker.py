@@ -24,6 +24,7 @@ from argosy.engine.checkpoint import load_model_config
 from argosy.engine.config import EngineConfig
 from argosy.engine.model_runner import RunnerBase
 from argosy.engine.models.llama import rope_inv_freq
+from argosy.engine.models.skeleton import materialize
 from argosy.engine.parallel.control import connect_to_driver
 from argosy.engine.parallel.model import ShardedLlama, load_shard, local_config
 from argosy.engine.parallel.state import ParallelState, init_parallel, rank_device
@@ -64,7 +65,7 @@ class Worker(RunnerBase):
         self.block_size = config.block_size
         with torch.device("meta"):
             model = ShardedLlama(cfg, ps)
-        model = model.to_empty(device=self.device).to(self.dtype)
+        model = materialize(model, self.device, self.dtype)
         model.inv_freq = rope_inv_freq(cfg).to(self.device)
         load_shard(model, config.model)
         self.model = model.eval()
