@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -28,12 +27,8 @@ import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+sys.path.insert(0, str(ROOT / "bench"))
+from llamacpp_server import free_port, stop  # noqa: E402
 
 
 def cpu_seconds(pid: int) -> float:
@@ -60,12 +55,7 @@ def one_start(cmd: list[str], ready_url: str, cwd: Path, env: dict) -> tuple[flo
                 time.sleep(0.02)
         raise TimeoutError(f"{' '.join(cmd[:4])} not ready after 300 s")
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc)
 
 
 def targets(args) -> list[tuple[str, str]]:
