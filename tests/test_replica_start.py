@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -139,3 +140,38 @@ def test_materialize_gives_what_to_empty_then_to_gives():
     assert shape == {n: (t.shape, t.dtype, t.device) for n, t in theirs.state_dict().items()}
     assert shape["steps"][1] == torch.int64 and shape["0.weight"][1] == torch.bfloat16
     assert all(isinstance(p, nn.Parameter) and p.requires_grad for p in ours.parameters())
+
+
+def test_argosy_serve_runs_its_gateway_and_controller_without_torch(tiny_llama, tmp_path):
+    """The serve process reads checkpoint configs (a folder's, a GGUF file's, an encoder's) and routes; it
+    never imports torch (265 MB resident and 290,000 objects for its collector, before; 73 MB after)."""
+    import httpx
+
+    from argosy.encoder.random_model import make_random_bert
+    from tests.fleet_fixtures import Serve, ready, tiny_fleet
+    from tests.gguf_fixtures import hf_to_gguf
+
+    gguf_file = hf_to_gguf(tiny_llama, tmp_path / "tiny.gguf", "Q8_0")
+    bert = make_random_bert(tmp_path / "bert", kind="embed", size="tiny", seed=0)
+    fleet = tiny_fleet(str(tiny_llama), min_replicas=1, max_replicas=1)
+    base = fleet["models"][0]
+    fleet["models"] += [{**base, "name": "tiny-gguf", "checkpoint": str(gguf_file)},
+                        {"name": "bert", "kind": "embed", "checkpoint": str(bert), "autoscaling": base["autoscaling"]}]
+    serve = Serve(fleet)
+    try:
+        for name in ("tiny", "tiny-gguf", "bert"):
+            t0 = time.monotonic()
+            while not [r for m in httpx.get(serve.url + "/admin/fleet", timeout=10).json()["models"]
+                       if m["model"] == name for r in ready(m)]:
+                assert time.monotonic() - t0 < 120, "\n".join(serve.lines[-20:])
+                time.sleep(0.2)
+        for name in ("tiny", "tiny-gguf"):
+            r = httpx.post(serve.url + "/v1/completions", timeout=60,
+                           json={"model": name, "prompt": "hello", "max_tokens": 3})
+            assert r.status_code == 200, r.text
+        r = httpx.post(serve.url + "/v1/embeddings", json={"model": "bert", "input": "hello"}, timeout=60)
+        assert r.status_code == 200, r.text
+        with open(f"/proc/{serve.proc.pid}/maps") as f:
+            assert "libtorch" not in f.read()
+    finally:
+        serve.stop()

@@ -7,9 +7,12 @@ import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
 from safetensors import safe_open
+
+if TYPE_CHECKING:  # torch is imported where weights are read: the fleet reads configs without it
+    import torch
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 
@@ -168,7 +171,7 @@ def check_layer_count(folder: str | Path, cfg: ModelConfig) -> None:
     """layer_count_problem for a folder, from its safetensors headers (no tensor data is read)."""
     layers: set[int] = set()
     for path in safetensors_files(folder):
-        with safe_open(str(path), framework="pt") as f:
+        with safe_open(str(path), framework="numpy") as f:  # only the header's names are read
             layers.update(int(p[2]) for p in (name.split(".") for name in f.keys())
                           if len(p) > 3 and p[:2] == ["model", "layers"] and p[2].isdigit())
     problem = layer_count_problem(layers, cfg.num_layers)
