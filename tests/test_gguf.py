@@ -169,9 +169,10 @@ def test_a_gguf_file_served_end_to_end(tmp_path, llama_folder):
         assert chat.choices[0].message.content is not None and chat.usage.completion_tokens >= 1
 
 
-def _rewritten(good, out, meta=None, tensors=None):
+def _rewritten(good, out, meta=None, tensors=None, arrays=None):
     """`good` written again by gguf's writer with some metadata values replaced (key -> value, typed as the
-    original) and some tensors' data changed (name -> function of the data; None drops the tensor)."""
+    original), some arrays added (key -> (values, item type)) and some tensors' data changed (name ->
+    function of the data; None drops the tensor)."""
     reader = gguf.GGUFReader(good)
     writer = gguf.GGUFWriter(str(out), reader.fields["general.architecture"].contents())
     for key, field in reader.fields.items():
@@ -180,6 +181,8 @@ def _rewritten(good, out, meta=None, tensors=None):
             value = (meta or {}).get(key, field.contents())
             kind = gguf.GGUFValueType.STRING if isinstance(value, str) and sub is None else field.types[0]
             writer.add_key_value(key, value, kind, sub_type=sub)
+    for key, (values, sub) in (arrays or {}).items():
+        writer.add_key_value(key, values, gguf.GGUFValueType.ARRAY, sub_type=sub)
     for t in reader.tensors:
         data = (tensors or {}).get(t.name, lambda d: d)(t.data)
         if data is not None:
@@ -396,22 +399,7 @@ def test_the_fast_reader_reads_every_field_and_tensor_as_gguf_does(tmp_path, lla
              "test.bools": ([True, False, True], gguf.GGUFValueType.BOOL),
              "test.u64": ([2**63 + 1, 0], gguf.GGUFValueType.UINT64),
              "test.words": (["", "héllo wörld", "日本語", "a b"], gguf.GGUFValueType.STRING)}
-    source = gguf.GGUFReader(good)
-    out = tmp_path / "arrays.gguf"
-    writer = gguf.GGUFWriter(str(out), source.fields["general.architecture"].contents())
-    for key, field in source.fields.items():
-        if not key.startswith("GGUF.") and key != "general.architecture":
-            sub = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
-            writer.add_key_value(key, field.contents(), field.types[0], sub_type=sub)
-    for key, (values, sub) in extra.items():
-        writer.add_key_value(key, values, gguf.GGUFValueType.ARRAY, sub_type=sub)
-    for t in source.tensors:
-        writer.add_tensor(t.name, np.ascontiguousarray(t.data),
-                          raw_dtype=None if t.tensor_type == gguf.GGMLQuantizationType.F32 else t.tensor_type)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    out = _rewritten(good, tmp_path / "arrays.gguf", arrays=extra)
     theirs, ours = gguf.GGUFReader(out), FastGGUFReader(out)
     assert list(ours.fields) == list(theirs.fields)
     for key in theirs.fields:
@@ -425,7 +413,7 @@ def test_the_fast_reader_reads_every_field_and_tensor_as_gguf_does(tmp_path, lla
         assert a.data.dtype == b.data.dtype and np.array_equal(a.data, b.data)
 
 
-@pytest.mark.parametrize("where", ["a-string-past-the-end", "cut-in-the-vocabulary"])
+@pytest.mark.parametrize("where", ["a-string-past-the-end", "cut-in-the-vocabulary", "a-count-of-2**40"])
 def test_a_token_list_cut_short_or_lying_about_a_length_is_a_checkpoint_error(tmp_path, llama_folder, where):
     good = hf_to_gguf(llama_folder, tmp_path / "good.gguf", "F32")
     data = bytearray(good.read_bytes())
@@ -433,11 +421,14 @@ def test_a_token_list_cut_short_or_lying_about_a_length_is_a_checkpoint_error(tm
     first = data.index(key) + len(key) + 4 + 4 + 8  # value type (array), item type, count: the first length
     if where == "a-string-past-the-end":
         data[first:first + 8] = (2**40).to_bytes(8, "little")
+    elif where == "a-count-of-2**40":  # refused before a string is read, not after a walk to the file's end
+        data[first - 8:first] = (2**40).to_bytes(8, "little")
     else:
         data = data[:first + 500]
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(bytes(data))
-    with pytest.raises(CheckpointError, match="truncated or corrupt"):
+    named = "does not fit in the file" if where == "a-count-of-2**40" else "truncated or corrupt"
+    with pytest.raises(CheckpointError, match=named):
         gguf_model_config(bad)
 
 

@@ -12,7 +12,8 @@ from typing import Protocol
 
 import torch
 
-from argosy.engine.checkpoint import ModelConfig, check_layer_count, iter_weights, load_model_config
+from argosy.engine.checkpoint import ModelConfig, iter_weights
+from argosy.engine.checkpoint_config import checked_config
 from argosy.engine.config import EngineConfig
 from argosy.engine.gguf.file import is_gguf
 from argosy.engine.models.llama import LlamaForCausalLM, rope_inv_freq
@@ -50,13 +51,11 @@ class HFCheckpoint:
 def open_checkpoint(path: str | Path) -> Checkpoint:
     """Reads the checkpoint's config (a missing folder or config.json is named here, before anything
     else is read); the weights and tokenizer are read when asked for. Raises CheckpointError."""
+    config = checked_config(path)
     if is_gguf(path):
-        from argosy.engine.gguf.file import gguf_model_config
         from argosy.engine.gguf.loader import GGUFCheckpoint
 
-        return GGUFCheckpoint(str(path), gguf_model_config(path))
-    config = load_model_config(path)
-    check_layer_count(path, config)
+        return GGUFCheckpoint(str(path), config)
     return HFCheckpoint(str(path), config)
 
 

@@ -87,16 +87,12 @@ def config_problem(checkpoint: str, kind: str) -> str | None:
     failed one after another, backing off, the reason only in their detail."""
     if kind != "generate":
         return None
-    from argosy.engine.checkpoint import CheckpointError, check_layer_count, load_model_config
-    from argosy.engine.gguf.file import gguf_model_config, is_gguf
+    from argosy.engine.checkpoint import CheckpointError
+    from argosy.engine.checkpoint_config import checked_config  # the engine's check, without torch
     from argosy.engine.model_names import resolve_model
 
-    try:  # what engine/loader.py's open_checkpoint reads, without importing torch into the gateway's process
-        path = resolve_model(checkpoint)
-        if is_gguf(path):
-            gguf_model_config(path)
-        else:
-            check_layer_count(path, load_model_config(path))
+    try:
+        checked_config(resolve_model(checkpoint))
     except CheckpointError as e:
         return str(e)
     return None

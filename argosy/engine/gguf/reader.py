@@ -23,15 +23,16 @@ class FastGGUFReader(GGUFReader):
     def _get_field_parts(self, orig_offs: int, raw_type: int) -> tuple[int, list[Any], list[int], list[Any]]:
         if GGUFValueType(raw_type) != GGUFValueType.ARRAY or self.byte_order != "I" or sys.byteorder != "little":
             return super()._get_field_parts(orig_offs, raw_type)
-        offs = orig_offs
-        raw_itype = self._get(offs, np.uint32)
-        alen = self._get(offs + 4, np.uint64)
-        offs += 12
+        raw_itype = self._get(orig_offs, np.uint32)
+        alen = self._get(orig_offs + 4, np.uint64)
+        offs = orig_offs + 12  # the item type (uint32) and the count (uint64)
         count, item = int(alen[0]), GGUFValueType(raw_itype[0])
         head: list[Any] = [raw_itype, alen]
         if item == GGUFValueType.STRING:
             data = memoryview(self.data)
             end = len(data)
+            if count > (end - offs) // 8:  # each string has at least its 8-byte length: a hostile count stops here
+                raise ValueError(f"an array of {count} strings at offset {offs} does not fit in the file")
             parts: list[Any] = []
             try:
                 for _ in range(count):
@@ -51,4 +52,4 @@ class FastGGUFReader(GGUFReader):
         if len(values) != count:
             raise ValueError(f"the file ends inside an array of {count} values at offset {offs}")
         # One part holding every value: contents() lists the values of each part its data indices name.
-        return 12 + int(values.nbytes), [*head, values], [2] if count else [], [GGUFValueType.ARRAY, item]
+        return offs - orig_offs + int(values.nbytes), [*head, values], [2] if count else [], [GGUFValueType.ARRAY, item]
