@@ -150,3 +150,70 @@ def test_replicas_sharing_a_cpu_node_slow_each_other_down():
     assert alone["tpot_s"]["p50"] == pytest.approx(0.010)
     assert shared["tpot_s"]["p50"] == pytest.approx(0.020, rel=0.05)
     assert roomy["tpot_s"]["p50"] == pytest.approx(0.010)
+
+
+def _trial(rate: float, slo_ttft_s: float = 0.5, duration_s: float = 60):
+    from argosy.config import FleetConfig
+    from argosy.sim.plan import Trial
+    from argosy.sim.profile import RooflineSettings, model_shape, roofline_profile
+    from argosy.sim.results import SLO
+    from argosy.sim.traffic import TrafficSpec, make_requests
+
+    spec = TrafficSpec.model_validate({"duration_s": duration_s, "rate": rate, "prompt_tokens": {"mean": 256},
+                                       "output_tokens": {"mean": 32}})
+    model = FleetConfig.model_validate({"models": [{"name": "m"}]}).models[0]
+    profile = roofline_profile("H100", model_shape("llama-3.1-8b"), 1, RooflineSettings())
+    return Trial(model, profile, spec, make_requests(spec), SLO(ttft_s=slo_ttft_s, attainment=0.9), 2.0, "H100")
+
+
+def test_plan_stops_simulating_a_fleet_once_it_has_certainly_failed():
+    """A fleet too small for the load is stopped once more requests have missed the SLO than the target
+    allows; the attainment it then reports is a bound that the whole run does not beat."""
+    from argosy.sim.fleet import FleetSim, SimSettings
+    from argosy.sim.results import attainment_by_region
+
+    trial = _trial(rate=150)
+    region = trial.spec.regions[0].name
+    small = trial.candidate({region: 1})
+    assert small["met"] is False and small["ttft_p99_s"] is None
+    assert small["gave_up_s"] is not None and small["gave_up_s"] < trial.spec.duration_s / 2
+    assert small["attainment"] < 0.9 and small["requests_missed"] > 0.1 * len(trial.reqs) * 0.9
+    whole = FleetSim(trial.model, trial.profile, trial.spec, trial.reqs, SimSettings(replicas=1))
+    whole.run()
+    assert attainment_by_region(whole, trial.slo, trial.warmup_s())[region] <= small["attainment_by_region"][region]
+    enough = trial.candidate({region: 3})  # a passing fleet is simulated to the end and measured
+    assert enough["met"] is True and enough["gave_up_s"] is None and enough["ttft_p99_s"] < 0.5
+
+
+def test_requests_unfinished_when_a_simulation_stops_count_as_missed():
+    from argosy.sim.fleet import FleetSim, SimSettings
+    from argosy.sim.results import summarize
+
+    trial = _trial(rate=150, duration_s=20)
+    sim = FleetSim(trial.model, trial.profile, trial.spec, trial.reqs, SimSettings(replicas=1, drain_limit_s=0))
+    sim.run()
+    res = summarize(sim, trial.slo)
+    assert sim.done and all(r.seq is None for r in sim.done)  # a finished request lets go of its tokens
+    n = res["requests"]
+    assert n["unfinished"] > 0 and n["completed"] + n["failed"] + n["unfinished"] == len(trial.reqs)
+    met = res["throughput"]["goodput_requests_per_s"] * trial.spec.duration_s
+    assert res["slo"]["attainment"] == pytest.approx(met / len(trial.reqs), abs=1e-6)
+
+
+def test_plan_searches_configurations_in_parallel_with_the_same_answer(tmp_path, capsys):
+    import multiprocessing
+
+    traffic = _traffic(tmp_path, rate=60)
+    argv = ["plan", "--traffic", traffic, "--model-config", "llama-3.1-8b", "--gpus", "H100,A100",
+            "--max-num-seqs", "64,256", "--slo-ttft", "500ms"]
+    answers = {}
+    for jobs in (1, 3):
+        out = tmp_path / f"plan-{jobs}.json"
+        assert main([*argv, "--jobs", str(jobs), "-o", str(out)]) == 0
+        res = json.loads(out.read_text())
+        answers[jobs] = (res["answer"]["chosen"], [c["replicas"] for c in res["candidates"]],
+                         [c["label"] for c in res["passing"]])
+        assert not multiprocessing.active_children()  # no worker outlives the plan
+    assert "4 configurations, 3 at a time" in capsys.readouterr().err
+    assert answers[1] == answers[3] and len(answers[1][2]) == 4
+    assert main([*argv, "--jobs", "0"]) == 2 and "--jobs must be at least 1" in capsys.readouterr().err

@@ -24,6 +24,7 @@ from collections.abc import Callable
 import numpy as np
 
 from argosy.config_regions import CAPACITY_KINDS
+from argosy.sim.plan_checks import attainment_text
 from argosy.sim.traffic import Failure, TrafficSpec
 
 HOURS = 168
@@ -145,7 +146,7 @@ def plan_mix(trial, chosen: dict, fleet, week: TrafficSpec, book: Callable[[str,
         c = check.candidate(counts) if n_pre else chosen
         tried.append({"spot_share": share, "preempted": n_pre, "attainment": c["attainment"], "met": c["met"]})
         progress(f"capacity mix: spot share {share:g} of the burst, {n_pre} spot preemptions at the peak -> "
-                 f"attainment {c['attainment']:.3f} {'ok' if c['met'] else 'fails'}")
+                 f"{attainment_text(c)} {'ok' if c['met'] else 'fails'}")
         if c["met"] or share == 0.0:
             break
     out_regions = []

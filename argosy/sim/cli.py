@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
 import time
@@ -295,6 +296,8 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-num-seqs", type=_csv(int), default=(256,), help="batch limits to try (128,256)")
     p.add_argument("--policies", type=_csv(str), default=("least_load",), help="routing policies to try")
     p.add_argument("--max-replicas", type=int, default=64, help="per region (64)")
+    p.add_argument("--jobs", "-j", type=int, default=None,
+                   help="configurations simulated at once, each in its own process (default: this machine's cores)")
     p.add_argument("--spot-notice", type=seconds, default=30.0, metavar="DURATION",
                    help="with regions that list capacity: the notice a preempted spot replica gets in the capacity "
                         "mix's check (30s; AWS gives 2 minutes)")
@@ -323,6 +326,8 @@ def run_plan(args: argparse.Namespace) -> int:
             raise ValueError(f"unknown routing policy {bad[0]!r}: {', '.join(POLICY_NAMES)}")
         if args.max_replicas < 1:
             raise ValueError("--max-replicas must be at least 1")
+        if args.jobs is not None and args.jobs < 1:
+            raise ValueError("--jobs must be at least 1")
         space = PlanSpace(tuple(args.gpus), tuple(args.tp), tuple(args.max_num_seqs), tuple(args.policies),
                           args.max_replicas, args.spare)
         settings = _roofline_settings(args)
@@ -338,7 +343,8 @@ def run_plan(args: argparse.Namespace) -> int:
     week, spec = spec, peak_spec(spec)  # a week's curve: the search sizes its peak
     reqs = make_requests(spec)
     _log(f"planning for {len(reqs)} requests over {spec.duration_s:g} s")
-    res = search(model, shape, spec, reqs, slo, space, settings, price, progress=_log, fleet=args.fleet)
+    jobs = args.jobs or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+    res = search(model, shape, spec, reqs, slo, space, settings, price, progress=_log, fleet=args.fleet, jobs=jobs)
     trials = res.pop("trials")
 
     def run_checks(c: dict) -> dict:

@@ -69,6 +69,7 @@ class FleetSim:
         self.decisions: list[dict] = []
         self.rr = 0
         self.preemptions = 0  # spot replicas preempted with notice (drained and replaced)
+        self.gave_up_s: float | None = None  # when run(give_up=...) stopped it early
         sp = spec.shared_prefix
         self.prefix_tokens = {g: [10_000_000 + g] * sp.tokens for g in range(sp.groups)} if sp else {}
         self.prefix_text = {g: (f"[shared prefix {g}] " * sp.tokens)[:4 * sp.tokens] for g in range(sp.groups)} \
@@ -317,6 +318,13 @@ class FleetSim:
         elif region.scaler is None:
             self.start_replica(region, self.now)  # fixed fleets restart it; the autoscaler replaces it itself
 
+    def in_flight(self):
+        """Requests arrived and neither finished nor failed: held for a replica, or on one."""
+        for region in self.regions:
+            yield from region.pending
+            for rep in region.replicas:
+                yield from rep.requests.values()
+
     def sample(self) -> None:
         row = {"t": round(self.now, 3), "replicas": {}, "queue": 0, "running": 0}
         for region in self.regions:
@@ -333,7 +341,9 @@ class FleetSim:
 
     # ------------------------------------------------------------------ the loop
 
-    def run(self, progress=None) -> None:
+    def run(self, progress=None, give_up=None) -> None:
+        """Simulate to the end of the traffic and its drain; `give_up(sim)`, asked after each timeline
+        sample, can stop it early (gave_up_s then says when): the caller already knows the answer."""
         a = self.model.autoscaling
         for region in self.regions:
             if self.s.replicas is None:
@@ -382,6 +392,9 @@ class FleetSim:
                 else:
                     self.sample()
                     self.push(t + self.s.sample_s, SAMPLE)
+                    if give_up is not None and give_up(self):
+                        self.gave_up_s = t
+                        break
             elif kind == FAIL:
                 self.on_fail(obj)
             elif kind == RECOVER:

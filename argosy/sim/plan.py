@@ -10,14 +10,17 @@ or of a whole region (plan_checks.py), and plan_answer.py prices the answer.
 
 from __future__ import annotations
 
+import multiprocessing
+import signal
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from argosy.config import ModelConfig
 from argosy.sim.fleet import FleetSim, SimSettings
+from argosy.sim.plan_checks import attainment_text, with_spare
 from argosy.sim.profile import ModelShape, RooflineSettings, StepProfile, roofline_profile
-from argosy.sim.results import SLO, attainment_by_region, summarize
+from argosy.sim.results import SLO, CertainMisses, attainment_by_region, summarize
 from argosy.sim.traffic import Failure, Requests, TrafficSpec
 
 
@@ -46,28 +49,39 @@ class Trial:
     def warmup_s(self) -> float:
         return min(10.0, self.spec.duration_s / 10)  # fixed fleets are up at t=0: only the caches warm
 
-    def simulate(self, counts: dict[str, int], down: str | None = None) -> tuple[FleetSim, dict]:
+    def simulate(self, counts: dict[str, int], down: str | None = None) -> tuple[FleetSim, CertainMisses]:
+        """One run with fixed counts, stopped as soon as every region has certainly failed its SLO."""
         spec = self.spec
         if down is not None:  # the region fails once the warm-up is over and stays down
             spec = spec.model_copy(update={"failures": [Failure(region=down, at_s=self.warmup_s(),
                                                                 duration_s=spec.duration_s * 10)]})
         settings = SimSettings(replicas=max(counts.values()), replicas_by_region=tuple(sorted(counts.items())))
         sim = FleetSim(self.model, self.profile, spec, self.reqs, settings, fleet=self.fleet)
-        sim.run()
-        return sim, summarize(sim, self.slo, warmup_s=self.warmup_s())
+        misses = CertainMisses(sim, self.slo, self.warmup_s())
+        sim.run(give_up=misses.failed)
+        return sim, misses
 
     def candidate(self, counts: dict[str, int], down: str | None = None) -> dict:
-        sim, res = self.simulate(counts, down)
-        by_region = attainment_by_region(sim, self.slo, self.warmup_s())
+        sim, misses = self.simulate(counts, down)
         gpus = sum(counts.values()) * self.profile.gpus_per_replica
-        return {"gpu": self.profile.gpu, "tp": self.profile.gpus_per_replica,
-                "max_num_seqs": self.model.engine.max_num_seqs, "policy": self.model.routing.policy,
-                "replicas": dict(counts), "replicas_per_region": max(counts.values()), "gpus": gpus,
-                "usd_per_hour": round(gpus * self.price, 4) if self.price is not None else None,
-                "ttft_p99_s": res["ttft_s"]["p99"], "tpot_p99_s": res["tpot_s"]["p99"],
-                "attainment": res["slo"]["attainment"], "attainment_by_region": by_region,
-                "met": all(a >= self.slo.attainment for a in by_region.values()),
-                "steady": res["steady"], "region_load": region_load(sim), "timeline": res["timeline"]}
+        out = {"gpu": self.profile.gpu, "tp": self.profile.gpus_per_replica,
+               "max_num_seqs": self.model.engine.max_num_seqs, "policy": self.model.routing.policy,
+               "replicas": dict(counts), "replicas_per_region": max(counts.values()), "gpus": gpus,
+               "usd_per_hour": round(gpus * self.price, 4) if self.price is not None else None,
+               "region_load": region_load(sim), "gave_up_s": sim.gave_up_s}
+        if sim.gave_up_s is not None:  # failed for certain: what is known is an upper bound on attainment
+            best = misses.attainment_at_most()
+            lost = int((misses.lost + misses.in_flight).sum())
+            return out | {"ttft_p99_s": None, "tpot_p99_s": None, "met": False, "steady": None,
+                          "attainment": round(1 - lost / max(int(misses.totals.sum()), 1), 6),
+                          "attainment_by_region": {r.name: best.get(i, 1.0) for i, r in enumerate(sim.regions)},
+                          "requests_missed": lost, "timeline": sim.timeline}
+        res = summarize(sim, self.slo, warmup_s=self.warmup_s())
+        by_region = attainment_by_region(sim, self.slo, self.warmup_s())
+        return out | {"ttft_p99_s": res["ttft_s"]["p99"], "tpot_p99_s": res["tpot_s"]["p99"],
+                      "attainment": res["slo"]["attainment"], "attainment_by_region": by_region,
+                      "met": all(a >= self.slo.attainment for a in by_region.values()),
+                      "steady": res["steady"], "timeline": res["timeline"]}
 
 
 def region_load(sim: FleetSim) -> dict[str, dict]:
@@ -112,13 +126,42 @@ def fewest_passing(trial: Trial, regions: list[str], max_replicas: int, run: Cal
     return run(hi)
 
 
+def search_trial(trial: Trial, regions: list[str], space: PlanSpace,
+                 progress: Callable[[str], None] = print) -> tuple[dict | None, list[dict]]:
+    """One configuration's fewest passing replicas per region (grown by `space.spare`), or None, and every
+    candidate simulated on the way."""
+    tried: list[dict] = []
+    cache: dict[tuple, dict] = {}
+
+    def run(counts: dict) -> dict:
+        key = tuple(sorted(counts.items()))
+        if key not in cache:
+            c = cache[key] = trial.candidate(counts)
+            tried.append(c)
+            where = ", ".join(f"{r} {n}" for r, n in counts.items()) if len(counts) > 1 \
+                else f"{next(iter(counts.values()))}"
+            ttft = "" if c["ttft_p99_s"] is None else f"p99 TTFT {c['ttft_p99_s'] * 1000:.0f} ms, "
+            progress(f"{trial.label}: {where} replicas -> {ttft}{attainment_text(c)} {'ok' if c['met'] else 'fails'}")
+        return cache[key]
+
+    found = fewest_passing(trial, regions, space.max_replicas, run)
+    if found is not None and space.spare != "none":
+        found = with_spare(trial, found, space.spare, space.max_replicas, run, progress)
+    if found is not None:
+        found["label"] = trial.label
+    return found, tried
+
+
+def _ignore_interrupt() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's: it stops the workers
+
+
 def search(model: ModelConfig, shape: ModelShape, spec: TrafficSpec, reqs: Requests, slo: SLO, space: PlanSpace,
            roofline: RooflineSettings, prices: Callable[[str], float | None],
-           progress: Callable[[str], None] = print, fleet: Any = None) -> dict:
-    from argosy.sim.plan_checks import with_spare
-
-    tried: list[dict] = []
-    best: list[dict] = []
+           progress: Callable[[str], None] = print, fleet: Any = None, jobs: int = 1) -> dict:
+    """Every configuration of `space`, each searched on its own; with jobs > 1, that many at once in worker
+    processes (a configuration's bisection is sequential, the configurations are independent). The
+    answer does not depend on `jobs`: results are taken in the configurations' order."""
     trials: dict[str, Trial] = {}
     regions = [r.name for r in spec.regions]
     for gpu in space.gpus:
@@ -134,31 +177,22 @@ def search(model: ModelConfig, shape: ModelShape, spec: TrafficSpec, reqs: Reque
                     routing = model.routing.model_copy(update={"policy": policy, "scorers": None})  # the preset
                     m = model.model_copy(update={"engine": model.engine.model_copy(update={"max_num_seqs": seqs}),
                                                  "routing": routing})
-                    trial = Trial(m, profile, spec, reqs, slo, price, f"{gpu} TP {tp} max_num_seqs {seqs} {policy}",
-                                  fleet)
-                    cache: dict[tuple, dict] = {}
-
-                    def run(counts: dict, trial=trial, cache=cache) -> dict:
-                        key = tuple(sorted(counts.items()))
-                        if key not in cache:
-                            c = cache[key] = trial.candidate(counts)
-                            tried.append(c)
-                            where = ", ".join(f"{r} {n}" for r, n in counts.items()) if len(counts) > 1 \
-                                else f"{next(iter(counts.values()))}"
-                            progress(f"{trial.label}: {where} replicas -> p99 TTFT {(c['ttft_p99_s'] or 0) * 1000:.0f}"
-                                     f" ms, attainment {c['attainment']:.3f} {'ok' if c['met'] else 'fails'}")
-                        return cache[key]
-
-                    found = fewest_passing(trial, regions, space.max_replicas, run)
-                    if found is None:
-                        continue
-                    if space.spare != "none":
-                        found = with_spare(trial, found, space.spare, space.max_replicas, run, progress)
-                        if found is None:
-                            continue
-                    found["label"] = trial.label
-                    trials[trial.label] = trial
-                    best.append(found)
+                    label = f"{gpu} TP {tp} max_num_seqs {seqs} {policy}"
+                    trials[label] = Trial(m, profile, spec, reqs, slo, price, label, fleet)
+    jobs = max(1, min(jobs, len(trials)))
+    work = [(t, regions, space, progress) for t in trials.values()]
+    if jobs == 1:
+        results = [search_trial(*w) for w in work]
+    else:
+        progress(f"searching {len(trials)} configurations, {jobs} at a time")
+        pool = multiprocessing.get_context("fork").Pool(jobs, initializer=_ignore_interrupt)
+        try:
+            results = pool.starmap(search_trial, work, chunksize=1)
+        finally:
+            pool.terminate()  # also on Ctrl-C: no worker outlives the plan
+            pool.join()
+    tried = [c for _, cands in results for c in cands]
+    best = [found for found, _ in results if found is not None]
     cost = (lambda c: (c["usd_per_hour"], c["gpus"])) if all(c["usd_per_hour"] is not None for c in tried) \
         else (lambda c: (c["gpus"],))
     best.sort(key=cost)

@@ -13,6 +13,14 @@ import dataclasses
 from collections.abc import Callable
 
 
+def attainment_text(c: dict) -> str:
+    """A candidate's attainment for a progress line: measured, or the bound it was stopped at."""
+    if c.get("gave_up_s") is None:
+        return f"attainment {c['attainment']:.3f}"
+    return f"attainment at most {c['attainment']:.3f} (stopped at {c['gave_up_s']:g} s: {c['requests_missed']} " \
+           "requests already missed the SLO)"
+
+
 def survives_replica_loss(trial, counts: dict[str, int], run: Callable[[dict], dict]) -> bool:
     for region, n in counts.items():
         if n > 1:
@@ -82,7 +90,7 @@ def headroom(trial, counts: dict[str, int], progress: Callable[[str], None]) -> 
         spec = trial.spec.model_copy(update={"rate": trial.spec.rate * m})
         scaled = dataclasses.replace(trial, spec=spec, reqs=make_requests(spec))
         c = scaled.candidate(counts)
-        progress(f"{trial.label}: at {m:g}x the peak rate -> attainment {c['attainment']:.3f}")
+        progress(f"{trial.label}: at {m:g}x the peak rate -> {attainment_text(c)}")
         for r, a in c["attainment_by_region"].items():
             if r not in failed:
                 if a >= trial.slo.attainment:

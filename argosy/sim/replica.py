@@ -228,6 +228,7 @@ class SimReplica:
             if seq.num_output_tokens >= seq.max_tokens:
                 self.sched.finish(seq, _FINISHED)
                 req.finish_s = now
+                req.seq, req.block_hashes = None, []  # its tokens and hashes: most of a long run's memory
                 del self.requests[seq.seq_id]
                 done.append(req)
         self.busy = False

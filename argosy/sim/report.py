@@ -52,7 +52,9 @@ def plan_charts(res: dict) -> list[str]:
     hl = ((slo_ms, f"TTFT SLO {slo_ms:g} ms"),) if slo_ms else ()
     pts = lambda cs: ([c[key] for c in cs], [(c["ttft_p99_s"] or 0) * 1000 for c in cs])  # noqa: E731
     charts = [chart([Series("meets the SLO", *pts([c for c in cands if c.get("met")]), "#2ca02c"),
-                     Series("misses it", *pts([c for c in cands if not c.get("met")]), "#999999"),
+                     # one stopped once it had certainly failed has no p99 TTFT to draw
+                     Series("misses it", *pts([c for c in cands if not c.get("met") and c["ttft_p99_s"] is not None]),
+                            "#999999"),
                      Series("frontier", *pts(front), "#1f77b4")],
                     "Cost against p99 TTFT", xlabel, "p99 TTFT (ms, log)", kind="scatter", log_x=True, log_y=True,
                     hlines=hl)]

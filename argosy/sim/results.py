@@ -81,16 +81,69 @@ def latencies(sim: FleetSim, done: list) -> tuple[np.ndarray, np.ndarray, np.nda
     return first - arr + extra, tpot, fin - arr + extra
 
 
+def arrived_after(sim: FleetSim, warmup_s: float) -> np.ndarray:
+    """Requests of the traffic arriving at or after warmup_s, by origin region: what attainment divides by, so
+    that a request failed, or still unfinished when the simulation stopped, counts as missed."""
+    arrival, region = np.asarray(sim.reqs.arrival_s), np.asarray(sim.reqs.region, dtype=np.int64)
+    return np.bincount(region[arrival >= warmup_s], minlength=len(sim.regions))
+
+
 def attainment_by_region(sim: FleetSim, slo: SLO, warmup_s: float) -> dict[str, float]:
-    """Share of each origin region's requests (arrived after the warm-up) that met every SLO; failed count as missed."""
+    """Share of each origin region's requests (arrived after the warm-up) that met every SLO; failed and
+    unfinished ones count as missed."""
     out = {}
+    totals = arrived_after(sim, warmup_s)
     for idx, region in enumerate(sim.regions):
         done = [r for r in sim.done if r.arrival_s >= warmup_s and r.region == idx]
-        failed = sum(1 for r in sim.failed if r.arrival_s >= warmup_s and r.region == idx)
         ttft, tpot, e2e = latencies(sim, done)
-        total = len(done) + failed
+        total = int(totals[idx])
         out[region.name] = float(slo.met(ttft, tpot, e2e).sum() / total) if total else 1.0
     return out
+
+
+class CertainMisses:
+    """Requests (arrived after the warm-up) that a simulation in progress has already lost for the SLO, by
+    origin region: finished over a limit, failed, or still without a first token past the TTFT limit (or
+    unfinished past the E2E limit). Nothing later can bring them back, so once every region with traffic
+    has lost more than its attainment target allows of all its requests, the fleet has failed: `argosy
+    plan` stops simulating it there. An undersized fleet is known to fail long before its queue drains."""
+
+    def __init__(self, sim: FleetSim, slo: SLO, warmup_s: float):
+        self.slo, self.warmup_s = slo, warmup_s
+        self.totals = arrived_after(sim, warmup_s)
+        self.lost = np.zeros(len(sim.regions), dtype=np.int64)  # finished or failed, and missed
+        self.in_flight = np.zeros(len(sim.regions), dtype=np.int64)  # as of the last count
+        self.seen_done = self.seen_failed = 0
+
+    def count(self, sim: FleetSim) -> np.ndarray:
+        fresh = [r for r in sim.done[self.seen_done:] if r.arrival_s >= self.warmup_s]
+        self.seen_done = len(sim.done)
+        if fresh:
+            missed = ~self.slo.met(*latencies(sim, fresh))
+            np.add.at(self.lost, np.array([r.region for r in fresh])[missed], 1)
+        for r in sim.failed[self.seen_failed:]:
+            if r.arrival_s >= self.warmup_s:
+                self.lost[r.region] += 1
+        self.seen_failed = len(sim.failed)
+        # A request with no first token by now has a TTFT of at least now - arrival (serving only adds).
+        ttft_cut = sim.now - self.slo.ttft_s if self.slo.ttft_s is not None else -np.inf
+        e2e_cut = sim.now - self.slo.e2e_s if self.slo.e2e_s is not None else -np.inf
+        self.in_flight[:] = 0
+        for req in sim.in_flight():
+            if req.arrival_s >= self.warmup_s and (req.arrival_s < e2e_cut
+                                                   or (req.first_token_s is None and req.arrival_s < ttft_cut)):
+                self.in_flight[req.region] += 1
+        return self.lost + self.in_flight
+
+    def attainment_at_most(self) -> dict[int, float]:
+        """Per region with traffic, the best attainment still possible, as of the last count."""
+        lost = self.lost + self.in_flight
+        return {i: float(1 - lost[i] / n) for i, n in enumerate(self.totals) if n}
+
+    def failed(self, sim: FleetSim) -> bool:
+        self.count(sim)
+        best = self.attainment_at_most()
+        return bool(best) and all(a < self.slo.attainment for a in best.values())
 
 
 def replica_hours(sim: FleetSim, start_s: float, end_s: float) -> dict[str, float]:
@@ -149,7 +202,7 @@ def summarize(sim: FleetSim, slo: SLO, warmup_s: float = 0.0, prices: dict[str, 
     itl_v = np.array([g for g, _ in itl])
     itl_w = np.array([w for _, w in itl], dtype=float)
     met = slo.met(ttft, tpot, e2e)
-    total = len(done) + len(failed)
+    total = int(arrived_after(sim, warmup_s).sum())  # failed and unfinished requests count as missed
     attainment = float(met.sum() / total) if total else 1.0
     window = max(duration - warmup_s, 1e-9)
     gpu_hours = replica_hours(sim, 0.0, duration)
@@ -172,7 +225,8 @@ def summarize(sim: FleetSim, slo: SLO, warmup_s: float = 0.0, prices: dict[str, 
         "input_tokens": int(input_tokens),
         "output_tokens": int(output_tokens),
         "token_time_split": {"input": round(split_in, 6), "output": round(1 - split_in, 6)},
-        "requests": {"completed": len(done), "failed": len(failed), "measured_from_s": warmup_s},
+        "requests": {"completed": len(done), "failed": len(failed), "unfinished": total - len(done) - len(failed),
+                     "measured_from_s": warmup_s},
         "ttft_s": pct(ttft), "tpot_s": pct(tpot), "itl_s": pct(itl_v, itl_w), "e2e_s": pct(e2e),
         "slo": {"ttft_s": slo.ttft_s, "tpot_s": slo.tpot_s, "e2e_s": slo.e2e_s, "attainment_target": slo.attainment,
                 "attainment": round(attainment, 6), "met": attainment >= slo.attainment},
@@ -221,8 +275,11 @@ def render_text(res: dict) -> str:
     warm = res["requests"]["measured_from_s"]
     lines = [
         f"profile: {res['profile']}",
-        f"requests: {res['requests']['completed']} completed, {res['requests']['failed']} failed "
-        f"over {res['duration_s']:g} s" + (f" (latencies from {warm:g} s on: the warm-up is left out)" if warm else ""),
+        f"requests: {res['requests']['completed']} completed, {res['requests']['failed']} failed"
+        + (f", {res['requests']['unfinished']} unfinished when the run stopped"
+           if res["requests"].get("unfinished") else "")
+        + f" over {res['duration_s']:g} s"
+        + (f" (latencies from {warm:g} s on: the warm-up is left out)" if warm else ""),
         f"TTFT  {ms(res['ttft_s'])}", f"TPOT  {ms(res['tpot_s'])}", f"ITL   {ms(res['itl_s'])}",
         f"E2E   {ms(res['e2e_s'])}",
         f"throughput: {res['throughput']['requests_per_s']:.2f} req/s, "

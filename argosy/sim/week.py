@@ -69,7 +69,8 @@ def weigh(results: list[tuple[Level, dict]], spec: TrafficSpec, level_s: float, 
     busy = sum(b for b, _ in busy_by)
     split_in = sum(b * s for b, s in busy_by) / busy if busy else 0.0
     hours = sum(len(lv.hours) for lv, _ in results)
-    reqs = [(lv, r, r["requests"]["completed"] + r["requests"]["failed"]) for lv, r in results]
+    reqs = [(lv, r, r["requests"]["completed"] + r["requests"]["failed"]
+             + r["requests"].get("unfinished", 0)) for lv, r in results]
     weight_req = sum(n * len(lv.hours) for lv, _, n in reqs) or 1
 
     def hour_mean(key: str, p: str) -> float | None:
