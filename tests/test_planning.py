@@ -217,3 +217,42 @@ def test_plan_searches_configurations_in_parallel_with_the_same_answer(tmp_path,
     assert "4 configurations, 3 at a time" in capsys.readouterr().err
     assert answers[1] == answers[3] and len(answers[1][2]) == 4
     assert main([*argv, "--jobs", "0"]) == 2 and "--jobs must be at least 1" in capsys.readouterr().err
+
+
+def _alive(pid: str) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has exited
+    except FileNotFoundError:
+        return False
+
+
+def test_plan_workers_end_with_a_plan_that_is_killed(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    traffic = _traffic(tmp_path, duration_s=600, rate=200)
+    proc = subprocess.Popen([sys.executable, "-m", "argosy.cli", "plan", "--traffic", traffic, "--model-config",
+                             "llama-3.1-8b", "--gpus", "H100,A100", "--jobs", "2", "-o", str(tmp_path / "p.json")],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        workers: list[str] = []
+        deadline = time.monotonic() + 60
+        while len(workers) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+            workers = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
+        assert len(workers) == 2 and proc.poll() is None
+        proc.kill()  # no chance to clean up: the kernel must end its workers
+        proc.wait()
+        deadline = time.monotonic() + 10
+        while any(map(_alive, workers)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(map(_alive, workers))
+    finally:
+        proc.kill()
+        for pid in workers:
+            if _alive(pid):
+                os.kill(int(pid), signal.SIGKILL)

@@ -152,8 +152,11 @@ def search_trial(trial: Trial, regions: list[str], space: PlanSpace,
     return found, tried
 
 
-def _ignore_interrupt() -> None:
+def _worker_start() -> None:
+    from argosy.fleet.local import die_with_parent
+
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's: it stops the workers
+    die_with_parent()  # and a plan killed outright takes them with it
 
 
 def search(model: ModelConfig, shape: ModelShape, spec: TrafficSpec, reqs: Requests, slo: SLO, space: PlanSpace,
@@ -185,7 +188,7 @@ def search(model: ModelConfig, shape: ModelShape, spec: TrafficSpec, reqs: Reque
         results = [search_trial(*w) for w in work]
     else:
         progress(f"searching {len(trials)} configurations, {jobs} at a time")
-        pool = multiprocessing.get_context("fork").Pool(jobs, initializer=_ignore_interrupt)
+        pool = multiprocessing.get_context("fork").Pool(jobs, initializer=_worker_start)
         try:
             results = pool.starmap(search_trial, work, chunksize=1)
         finally:
