@@ -136,9 +136,10 @@ def test_a_revision_that_cannot_load_then_one_slower_under_load_are_rolled_back(
         assert r["phase"] == "aborted" and "failed analyses" in r["reason"] and "ttft_p95" in r["reason"], r
         assert not load.failed, load.failed[:5]
         assert load.by_revision["v3"] and st["split"] == {"v1": 100.0} and st["stable"] == "v1"
-        # within the intervals the config implies: failure_limit failed analyses, at most one inconclusive
-        # (a window that began before the candidate had its share) before them
-        assert r["analyses"]["fail"] == limit and r["analyses"]["pass"] == 0 and r["analyses"]["inconclusive"] <= 1
+        # within the intervals the config implies: failure_limit failed analyses, and at most one window before
+        # them that did not fail: inconclusive (it began before the candidate had its share) or passed (the
+        # candidate's queue was still empty; seen once in CI on 2 cores, where the stable's TTFT also varies)
+        assert r["analyses"]["fail"] == limit and r["analyses"]["pass"] + r["analyses"]["inconclusive"] <= 1, r
         assert _at(r, "rollout_aborting") - _at(r, "rollout_step") <= (limit + 1) * interval + 2.0, r["events"]
         s.wait_for("the canary's replica to stop", lambda m: [x["revision"] for x in m["replicas"]] == ["v1"])
         assert len(events(s, "rollout_aborted")) == 2 and events(s, "rollout_candidate_drained")
