@@ -237,15 +237,15 @@ def test_plan_workers_end_with_a_plan_that_is_killed(tmp_path):
     traffic = _traffic(tmp_path, duration_s=600, rate=200)
     proc = subprocess.Popen([sys.executable, "-m", "argosy.cli", "plan", "--traffic", traffic, "--model-config",
                              "llama-3.1-8b", "--gpus", "H100,A100", "--jobs", "2", "-o", str(tmp_path / "p.json")],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    workers: list[str] = []
     try:
-        workers: list[str] = []
-        deadline = time.monotonic() + 60
-        while len(workers) < 2 and time.monotonic() < deadline:
-            time.sleep(0.2)
-            workers = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
-        assert len(workers) == 2 and proc.poll() is None
-        proc.kill()  # no chance to clean up: the kernel must end its workers
+        for line in proc.stderr:  # a worker has simulated a candidate: both are at work, mid-search
+            if "replicas ->" in line:
+                break
+        workers = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
+        assert len(workers) >= 2 and proc.poll() is None  # its workers (and multiprocessing's tracker)
+        proc.kill()  # no chance to clean up: the workers must notice on their own
         proc.wait()
         deadline = time.monotonic() + 10
         while any(map(_alive, workers)) and time.monotonic() < deadline:
@@ -253,6 +253,7 @@ def test_plan_workers_end_with_a_plan_that_is_killed(tmp_path):
         assert not any(map(_alive, workers))
     finally:
         proc.kill()
+        proc.stderr.close()
         for pid in workers:
             if _alive(pid):
                 os.kill(int(pid), signal.SIGKILL)

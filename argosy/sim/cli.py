@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import sys
 import time
@@ -343,8 +342,8 @@ def run_plan(args: argparse.Namespace) -> int:
     week, spec = spec, peak_spec(spec)  # a week's curve: the search sizes its peak
     reqs = make_requests(spec)
     _log(f"planning for {len(reqs)} requests over {spec.duration_s:g} s")
-    jobs = args.jobs or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
-    res = search(model, shape, spec, reqs, slo, space, settings, price, progress=_log, fleet=args.fleet, jobs=jobs)
+    res = search(model, shape, spec, reqs, slo, space, settings, price, progress=_log, fleet=args.fleet,
+                 jobs=args.jobs)
     trials = res.pop("trials")
 
     def run_checks(c: dict) -> dict:

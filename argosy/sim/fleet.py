@@ -25,9 +25,9 @@ from argosy.engine.config import default_token_budget
 from argosy.fleet.autoscaler import Autoscaler, Observation
 from argosy.fleet.scaling_metrics import METRICS
 from argosy.gateway.health import Upstream
-from argosy.gateway.prefix_index import PrefixIndex
-from argosy.gateway.router import Router, RouteRequest
+from argosy.gateway.router import RouteRequest
 from argosy.sim.encoder_replica import EncoderSimReplica
+from argosy.sim.fleet_region import Region
 from argosy.sim.profile import StepProfile
 from argosy.sim.regions import SimRegions
 from argosy.sim.replica import SimReplica, SimRequest
@@ -36,22 +36,6 @@ from argosy.sim.shared_node import SharedNode
 from argosy.sim.traffic import Requests, TrafficSpec
 
 STEP, READY, TICK, FAIL, RECOVER, SAMPLE, DEADLINE = range(7)
-
-
-class Region:
-    def __init__(self, idx: int, name: str, model: ModelConfig, clock):
-        self.idx, self.name = idx, name
-        r = model.routing
-        self.router = Router(r, model.length_classes, PrefixIndex(r.prefix_max_blocks, r.prefix_ttl_s, clock))
-        self.scaler: Autoscaler | None = None
-        self.replicas: list[SimReplica] = []  # starting, ready and draining
-        self.upstreams: dict[str, Upstream] = {}
-        self.pending: list[SimRequest] = []  # held while no replica is ready (scale from zero, cold start)
-        self.down = False
-        self.finished_since_tick = 0
-
-    def routable(self) -> list[SimReplica]:
-        return [r for r in self.replicas if r.name in self.upstreams]
 
 
 class FleetSim:
@@ -317,13 +301,6 @@ class FleetSim:
                 self.start_replica(region, self.now)
         elif region.scaler is None:
             self.start_replica(region, self.now)  # fixed fleets restart it; the autoscaler replaces it itself
-
-    def in_flight(self):
-        """Requests arrived and neither finished nor failed: held for a replica, or on one."""
-        for region in self.regions:
-            yield from region.pending
-            for rep in region.replicas:
-                yield from rep.requests.values()
 
     def sample(self) -> None:
         row = {"t": round(self.now, 3), "replicas": {}, "queue": 0, "running": 0}

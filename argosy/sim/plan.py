@@ -10,8 +10,7 @@ or of a whole region (plan_checks.py), and plan_answer.py prices the answer.
 
 from __future__ import annotations
 
-import multiprocessing
-import signal
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -22,6 +21,7 @@ from argosy.sim.plan_checks import attainment_text, with_spare
 from argosy.sim.profile import ModelShape, RooflineSettings, StepProfile, roofline_profile
 from argosy.sim.results import SLO, CertainMisses, attainment_by_region, summarize
 from argosy.sim.traffic import Failure, Requests, TrafficSpec
+from argosy.sim.workers import spawn_context, start_worker, worker_count
 
 
 @dataclass(frozen=True)
@@ -70,12 +70,11 @@ class Trial:
                "usd_per_hour": round(gpus * self.price, 4) if self.price is not None else None,
                "region_load": region_load(sim), "gave_up_s": sim.gave_up_s}
         if sim.gave_up_s is not None:  # failed for certain: what is known is an upper bound on attainment
-            best = misses.attainment_at_most()
-            lost = int((misses.lost + misses.in_flight).sum())
+            lost = int(misses.missed.sum())
             return out | {"ttft_p99_s": None, "tpot_p99_s": None, "met": False, "steady": None,
                           "attainment": round(1 - lost / max(int(misses.totals.sum()), 1), 6),
-                          "attainment_by_region": {r.name: best.get(i, 1.0) for i, r in enumerate(sim.regions)},
-                          "requests_missed": lost, "timeline": sim.timeline}
+                          "attainment_by_region": misses.attainment_at_most(), "requests_missed": lost,
+                          "timeline": sim.timeline}
         res = summarize(sim, self.slo, warmup_s=self.warmup_s())
         by_region = attainment_by_region(sim, self.slo, self.warmup_s())
         return out | {"ttft_p99_s": res["ttft_s"]["p99"], "tpot_p99_s": res["tpot_s"]["p99"],
@@ -152,18 +151,11 @@ def search_trial(trial: Trial, regions: list[str], space: PlanSpace,
     return found, tried
 
 
-def _worker_start() -> None:
-    from argosy.fleet.local import die_with_parent
-
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's: it stops the workers
-    die_with_parent()  # and a plan killed outright takes them with it
-
-
 def search(model: ModelConfig, shape: ModelShape, spec: TrafficSpec, reqs: Requests, slo: SLO, space: PlanSpace,
            roofline: RooflineSettings, prices: Callable[[str], float | None],
-           progress: Callable[[str], None] = print, fleet: Any = None, jobs: int = 1) -> dict:
-    """Every configuration of `space`, each searched on its own; with jobs > 1, that many at once in worker
-    processes (a configuration's bisection is sequential, the configurations are independent). The
+           progress: Callable[[str], None] = print, fleet: Any = None, jobs: int | None = 1) -> dict:
+    """Every configuration of `space`, each searched on its own; with jobs > 1 (None: one per core), that many
+    at once in worker processes (a configuration's bisection is sequential, the configurations are independent). The
     answer does not depend on `jobs`: results are taken in the configurations' order."""
     trials: dict[str, Trial] = {}
     regions = [r.name for r in spec.regions]
@@ -182,13 +174,13 @@ def search(model: ModelConfig, shape: ModelShape, spec: TrafficSpec, reqs: Reque
                                                  "routing": routing})
                     label = f"{gpu} TP {tp} max_num_seqs {seqs} {policy}"
                     trials[label] = Trial(m, profile, spec, reqs, slo, price, label, fleet)
-    jobs = max(1, min(jobs, len(trials)))
+    jobs = worker_count(jobs, len(trials))
     work = [(t, regions, space, progress) for t in trials.values()]
     if jobs == 1:
         results = [search_trial(*w) for w in work]
     else:
         progress(f"searching {len(trials)} configurations, {jobs} at a time")
-        pool = multiprocessing.get_context("fork").Pool(jobs, initializer=_worker_start)
+        pool = spawn_context().Pool(jobs, initializer=start_worker, initargs=(os.getpid(),))
         try:
             results = pool.starmap(search_trial, work, chunksize=1)
         finally:

@@ -110,40 +110,43 @@ class CertainMisses:
 
     def __init__(self, sim: FleetSim, slo: SLO, warmup_s: float):
         self.slo, self.warmup_s = slo, warmup_s
+        self.names = [r.name for r in sim.regions]
         self.totals = arrived_after(sim, warmup_s)
-        self.lost = np.zeros(len(sim.regions), dtype=np.int64)  # finished or failed, and missed
-        self.in_flight = np.zeros(len(sim.regions), dtype=np.int64)  # as of the last count
+        self.ended = np.zeros(len(self.names), dtype=np.int64)  # finished or failed, and missed
+        self.missed = self.ended.copy()  # and those in flight past a limit, as of the last count
         self.seen_done = self.seen_failed = 0
 
-    def count(self, sim: FleetSim) -> np.ndarray:
+    def count(self, sim: FleetSim) -> None:
         fresh = [r for r in sim.done[self.seen_done:] if r.arrival_s >= self.warmup_s]
         self.seen_done = len(sim.done)
         if fresh:
             missed = ~self.slo.met(*latencies(sim, fresh))
-            np.add.at(self.lost, np.array([r.region for r in fresh])[missed], 1)
+            np.add.at(self.ended, np.array([r.region for r in fresh])[missed], 1)
         for r in sim.failed[self.seen_failed:]:
             if r.arrival_s >= self.warmup_s:
-                self.lost[r.region] += 1
+                self.ended[r.region] += 1
         self.seen_failed = len(sim.failed)
         # A request with no first token by now has a TTFT of at least now - arrival (serving only adds).
         ttft_cut = sim.now - self.slo.ttft_s if self.slo.ttft_s is not None else -np.inf
         e2e_cut = sim.now - self.slo.e2e_s if self.slo.e2e_s is not None else -np.inf
-        self.in_flight[:] = 0
-        for req in sim.in_flight():
-            if req.arrival_s >= self.warmup_s and (req.arrival_s < e2e_cut
-                                                   or (req.first_token_s is None and req.arrival_s < ttft_cut)):
-                self.in_flight[req.region] += 1
-        return self.lost + self.in_flight
+        self.missed = self.ended.copy()
+        for region in sim.regions:
+            for req in region.in_flight():
+                if req.arrival_s >= self.warmup_s and (req.arrival_s < e2e_cut
+                                                       or (req.first_token_s is None and req.arrival_s < ttft_cut)):
+                    self.missed[req.region] += 1
 
-    def attainment_at_most(self) -> dict[int, float]:
-        """Per region with traffic, the best attainment still possible, as of the last count."""
-        lost = self.lost + self.in_flight
-        return {i: float(1 - lost[i] / n) for i, n in enumerate(self.totals) if n}
+    def attainment_at_most(self) -> dict[str, float]:
+        """By origin region, the best attainment still possible as of the last count (1 without traffic)."""
+        return {name: float(1 - self.missed[i] / n) if n else 1.0
+                for i, (name, n) in enumerate(zip(self.names, self.totals, strict=True))}
 
     def failed(self, sim: FleetSim) -> bool:
+        """Whether every region with traffic has certainly missed its attainment target (asked as it runs)."""
         self.count(sim)
         best = self.attainment_at_most()
-        return bool(best) and all(a < self.slo.attainment for a in best.values())
+        with_traffic = [best[name] for name, n in zip(self.names, self.totals, strict=True) if n]
+        return bool(with_traffic) and all(a < self.slo.attainment for a in with_traffic)
 
 
 def replica_hours(sim: FleetSim, start_s: float, end_s: float) -> dict[str, float]:

@@ -12,10 +12,7 @@ hour-weighted mean of the levels' percentiles, attainment the request-weighted m
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
-import threading
-import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -27,6 +24,7 @@ from argosy.sim.fleet import FleetSim, SimSettings
 from argosy.sim.profile import StepProfile
 from argosy.sim.results import SLO, summarize
 from argosy.sim.traffic import Failure, TrafficSpec, make_requests
+from argosy.sim.workers import spawn_context, start_worker, worker_count
 
 HOURS = 168
 
@@ -117,15 +115,8 @@ def _run_chain(model: ModelConfig, profile: StepProfile, spec: TrafficSpec, slo:
                 f"p99 TTFT {(res['ttft_s']['p99'] or 0) * 1000:.0f} ms, attainment {res['slo']['attainment']:.3f}"))
 
 
-def _exit_with_parent(parent: int) -> None:
-    while True:  # a parent killed outright (SIGKILL, SIGTERM) runs no cleanup: its workers must not linger
-        time.sleep(1.0)
-        if os.getppid() != parent:
-            os._exit(1)
-
-
 def _chain_process(queue, parent: int, *args) -> None:
-    threading.Thread(target=_exit_with_parent, args=(parent,), daemon=True).start()
+    start_worker(parent)
     try:
         _run_chain(*args, report=queue.put)
     except BaseException:  # noqa: BLE001 - the parent re-raises it with the worker's traceback
@@ -140,7 +131,7 @@ def plan_week(model: ModelConfig, profile: StepProfile, spec: TrafficSpec, slo: 
     # Sample the level's own timeline (the caller's resolution suits the whole week), and let the warm-up
     # bring the fleet to this level's steady state: the diurnal curve changes over hours, not seconds.
     settings = replace(settings, sample_s=min(settings.sample_s, level_s / 120), instant_start_until_s=warmup_s)
-    workers = max(1, min(workers or os.cpu_count() or 1, len(levels)))
+    workers = worker_count(workers, len(levels))
     progress(f"week: {HOURS} hours -> {len(levels)} distinct load levels of {level_s:g} s each"
              f"{f', {workers} at a time' if workers > 1 else ''}")
     # The levels are independent but for where each starts: the fleet the level below it settled at. So
@@ -155,7 +146,7 @@ def plan_week(model: ModelConfig, profile: StepProfile, spec: TrafficSpec, slo: 
 
         _run_chain(*args, chains[0], len(levels), report)
     else:
-        ctx = mp.get_context("spawn")  # not fork: the parent may hold threads (torch's, the CLI's)
+        ctx = spawn_context()
         queue = ctx.Queue()
         procs = [ctx.Process(target=_chain_process, args=(queue, os.getpid(), *args, chain, len(levels)), daemon=True)
                  for chain in chains]
