@@ -318,3 +318,26 @@ def flatten(d: dict, prefix: str = "") -> dict:
         else:
             out[prefix + k] = v
     return out
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--concurrency", "0"], "--concurrency must be at least 1, got 0"),  # had run one stream, rc 0
+    (["--concurrency", "2,-2"], "--concurrency must be at least 1, got -2"),
+    (["--rate", "5", "--duration", "nan"], "--duration must be a finite number > 0"),  # had never ended
+    (["--rate", "5", "--duration", "-1"], "--duration must be a finite number > 0"),
+    (["--rate", "nan"], "--rate must be a number > 0"),
+    (["--rate", "5", "--num-requests", "0"], "--num-requests must be at least 1"),
+    (["--rate", "5", "--max-connections", "-1"], "--max-connections must be at least 0"),  # had hung
+    (["--rate", "5", "--timeout", "0"], "--timeout must be a finite number > 0"),
+    (["--rate", "5", "--trace-speedup", "0"], "--trace-speedup must be a finite number > 0"),
+    (["--ramp", "0:0", "--num-requests", "2"], "--ramp 0:0 sends nothing"),  # had been a ZeroDivisionError
+    (["--trace", "no-such-trace.jsonl"], "No such file"),  # the file's mistake, not the server's
+])
+def test_unusable_numbers_are_refused_before_the_server_is_asked(tmp_path, capsys, flags, message):
+    with socket.socket() as s:  # nobody listens here: a flag checked late would say "cannot reach"
+        s.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{s.getsockname()[1]}"
+    rc, res = bench(tmp_path, "--url", url, "--no-progress", *flags)
+    err = capsys.readouterr().err
+    assert rc == 2 and res == {}
+    assert message in err and err.startswith("argosy bench: error:") and err.count("\n") == 1

@@ -184,3 +184,10 @@ def test_bad_result_files_exit_2(tmp_path, capsys, prices):
     assert "not an argosy bench results file" in capsys.readouterr().err
     assert main(["cost", "--sim", _sim(tmp_path, gpu_hours={"TPU": 1.0}), "--prices", prices]) == 2
     assert "unknown GPU 'TPU'" in capsys.readouterr().err
+    for key in ("input_tokens", "output_tokens"):  # JSON numbers Python reads as inf and nan
+        for text in ("1e400", "NaN"):
+            (tmp_path / "odd.json").write_text(json.dumps(data | {"token_time_split": {"input": 0.5}})
+                                               .replace(f'"{key}": ', f'"{key}": {text}, "was": '))
+            assert main(["cost", "--sim", str(tmp_path / "odd.json"), "--prices", prices]) == 2
+            err = capsys.readouterr().err
+            assert f"{key} must be a finite number" in err and err.count("\n") == 1

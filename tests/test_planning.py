@@ -257,3 +257,30 @@ def test_plan_workers_end_with_a_plan_that_is_killed(tmp_path):
         for pid in workers:
             if _alive(pid):
                 os.kill(int(pid), signal.SIGKILL)
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--tp", "1,0"], "--tp and --max-num-seqs must be at least 1"),
+    (["--max-num-seqs", "0"], "--tp and --max-num-seqs must be at least 1"),  # had been simulated, never served
+    (["--gpus", "H100,H10"], "unknown accelerator 'H10'"),  # had been skipped, then "widen the search space"
+])
+def test_plan_flags_no_fleet_can_have_are_one_line(tmp_path, capsys, flags, message):
+    assert main(["plan", "--traffic", _traffic(tmp_path), "--model-config", "llama-3.1-8b", *flags]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.startswith("argosy plan: error:") and err.count("\n") == 1
+
+
+def test_a_tp_size_the_model_cannot_split_over_is_not_priced(tmp_path, capsys):
+    from argosy.sim.profile import model_shape, roofline_profile
+
+    shape = model_shape("llama-3.1-8b")  # 32 attention heads, 8 KV heads, 14336 MLP rows
+    assert roofline_profile("H100", shape, tp=2).name  # splits
+    with pytest.raises(ValueError, match=r"does not split over TP 3: .*num_attention_heads \(32\)"):
+        roofline_profile("H100", shape, tp=3)  # the engine would refuse such a replica
+    out = tmp_path / "plan.json"
+    assert main(["plan", "--traffic", _traffic(tmp_path, duration_s=20, rate=5), "--model-config", "llama-3.1-8b",
+                 "--tp", "1,3", "--jobs", "1", "-o", str(out)]) == 0
+    assert "skip H100 TP 3: llama-3.1-8b does not split over TP 3" in capsys.readouterr().err
+    assert {c["tp"] for c in json.loads(out.read_text())["candidates"]} == {1}
+    assert main(["sim", "--traffic", _traffic(tmp_path), "--gpu", "H100", "--model-config", "llama-3.1-8b",
+                 "--tp", "3"]) == 2

@@ -186,6 +186,9 @@ def test_sim_cli_writes_the_result_keys_the_cost_estimator_reads(tmp_path, capsy
     ("duration_s: 10\nregions: [{name: a}]\nfailures: [{region: z, at_s: 1, duration_s: 1}]\n", [], "unknown region"),
     ("duration_s: 10\n", ["--gpu", "TPU9"], "unknown accelerator"),
     (None, [], "cannot|No such file"),
+    ("duration_s: [\n", [], r"t\.yaml:2:1: YAML syntax error"),
+    ("duration_s: 1.0e+12\nrate: 1.0e+9\n", [], "at most 10,000,000"),  # numpy had raised mid-generation
+    ("duration_s: 1.0e+12\nrate: 1.0e+9\n", ["--week", "--gpu", "H100"], "at most 10,000,000"),
 ])
 def test_cli_errors_are_one_line_and_exit_2(tmp_path, capsys, traffic, extra, message):
     from argosy.cli import main
@@ -196,6 +199,8 @@ def test_cli_errors_are_one_line_and_exit_2(tmp_path, capsys, traffic, extra, me
     args = ["sim", "--traffic", str(path), "--model-config", "llama-3.1-8b"] + (extra or ["--gpu", "H100"])
     assert main(args) == 2
     err = capsys.readouterr().err.strip()
+    if "--week" in extra:
+        err = err.splitlines()[-1]  # after the line that names its levels
     assert err.startswith("argosy sim: error:") and "\n" not in err and "Traceback" not in err
     import re
     assert re.search(message, err)

@@ -96,6 +96,32 @@ def _levels(args: argparse.Namespace) -> list[LoadLevel]:
     return [LoadLevel(f"trace {os.path.basename(args.trace)}", trace=True, trace_speedup=args.trace_speedup)]
 
 
+def _check_flags(args: argparse.Namespace) -> None:
+    """Numbers no run can use, refused in one line before the server is asked anything (a negative
+    --concurrency ran one stream, a NaN --duration never ended, --max-connections -1 hung)."""
+    def positive(name: str, v: float | None, finite: bool = True) -> None:
+        if v is not None and not (v > 0 and (math.isfinite(v) or not finite)):
+            raise ValueError(f"--{name} must be a {'finite ' if finite else ''}number > 0, got {v:g}")
+
+    for c in args.concurrency or []:
+        if c < 1:
+            raise ValueError(f"--concurrency must be at least 1, got {c}")
+    for r in args.rate or []:
+        positive("rate", r, finite=False)  # inf: every request at once
+    for r in args.ramp or ():
+        if not (r >= 0 and math.isfinite(r)):
+            raise ValueError(f"--ramp rates must be finite and >= 0, got {r:g}")
+    if args.ramp is not None and not sum(args.ramp) > 0:
+        raise ValueError("--ramp 0:0 sends nothing: give a rate above 0 at one end")
+    for name in ("duration", "timeout", "trace_speedup", "burstiness"):
+        positive(name.replace("_", "-"), getattr(args, name))
+    for name, low in (("num_requests", 1), ("max_connections", 0), ("turns", 1), ("num_prefixes", 1),
+                      ("shared_prefix_tokens", 0)):
+        v = getattr(args, name)
+        if v is not None and v < low:
+            raise ValueError(f"--{name.replace('_', '-')} must be at least {low}, got {v}")
+
+
 def _jobs_factory(args: argparse.Namespace) -> Callable[[int | None], Any]:
     if args.trace:
         jobs = load_trace(args.trace, default_output_tokens=args.output_tokens, seed=args.seed)
@@ -158,12 +184,13 @@ def _bench(args: argparse.Namespace) -> int:
         raise ValueError("--url is required")
     slos = parse_slos(args.slo)
     levels = _levels(args)
+    _check_flags(args)
     if args.duration is None and args.num_requests is None and not args.trace:
         args.num_requests = 100
+    jobs = _jobs_factory(args)  # a trace file's mistakes before the server is asked
     model = _first_model(args.url, args.api_key, need=not args.model) or args.model
     ep = Endpoint(args.url, model, args.endpoint, args.api_key, args.ignore_eos, args.temperature, args.timeout,
                   args.extra_body)
-    jobs = _jobs_factory(args)
     limits = RunLimits(args.duration, args.num_requests, args.seed)
     # The flags, minus the secret and whatever the host command added that JSON cannot hold.
     config = {k: v for k, v in vars(args).items() if k not in ("api_key", "bench_command", "results_file")

@@ -39,8 +39,8 @@ class Usage:
             raise UsageError(f"{self.source}: duration must be > 0 s")
         if not self.gpu_hours or any(not (h >= 0 and math.isfinite(h)) for h in self.gpu_hours.values()):
             raise UsageError(f"{self.source}: GPU-hours must be given per GPU and be >= 0")
-        if self.input_tokens < 0 or self.output_tokens < 0:
-            raise UsageError(f"{self.source}: token counts must be >= 0")
+        if not all(n >= 0 and math.isfinite(n) for n in (self.input_tokens, self.output_tokens)):
+            raise UsageError(f"{self.source}: token counts must be finite and >= 0")
         for name, v in (("input share", self.input_share), ("utilization", self.utilization)):
             if v is not None and not 0.0 <= v <= 1.0:
                 raise UsageError(f"{self.source}: {name} must be between 0 and 1, got {v}")
@@ -57,8 +57,8 @@ def _read_json(path: str) -> Any:
 
 def _number(d: dict, key: str, path: str) -> float:
     v = d[key]
-    if isinstance(v, bool) or not isinstance(v, int | float):
-        raise UsageError(f"{path}: {key} must be a number, got {v!r}")
+    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+        raise UsageError(f"{path}: {key} must be a finite number, got {v!r}")  # json reads 1e400 as inf
     return float(v)
 
 

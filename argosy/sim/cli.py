@@ -231,7 +231,7 @@ def _profile(args):
 def run_sim(args: argparse.Namespace) -> int:
     from argosy.sim.fleet import FleetSim, SimSettings
     from argosy.sim.results import auto_warmup_s, gpu_prices, render_text, summarize
-    from argosy.sim.traffic import make_requests
+    from argosy.sim.traffic import TrafficError, make_requests
     from argosy.sim.week import plan_week
 
     try:
@@ -251,9 +251,12 @@ def run_sim(args: argparse.Namespace) -> int:
                            node_cores=args.node_cores, replica_threads=args.replica_threads)
     t0 = time.perf_counter()
     if args.week:
-        res = plan_week(model, profile, spec, slo, settings=settings, level_s=args.level_duration,
-                        warmup_s=args.level_duration / 3, level_step=args.level_step, progress=_log,
-                        fleet=args.fleet)
+        try:
+            res = plan_week(model, profile, spec, slo, settings=settings, level_s=args.level_duration,
+                            warmup_s=args.level_duration / 3, level_step=args.level_step, progress=_log,
+                            fleet=args.fleet)
+        except TrafficError as e:
+            return _fail("sim", e)
         res["cost"] = ({"usd": round(sum(h * prices[g] for g, h in res["gpu_hours"].items()), 2)}
                        if prices else None)
         text = (f"week: {res['hours']} hours from {len(res['levels'])} levels; attainment {res['attainment']:.3f}; "
@@ -263,7 +266,10 @@ def run_sim(args: argparse.Namespace) -> int:
                 + f"\n(wall time {time.perf_counter() - t0:.1f} s)")
         _write(args, res, text, "week", "argosy sim --week")
         return 0
-    reqs = make_requests(spec)
+    try:
+        reqs = make_requests(spec)
+    except TrafficError as e:
+        return _fail("sim", e)
     _log(f"simulating {len(reqs)} requests over {spec.duration_s:g} s on {profile.name}")
 
     def progress(now: float, i: int, n: int) -> None:
@@ -311,9 +317,9 @@ def run_plan(args: argparse.Namespace) -> int:
     from argosy.sim.plan import PlanSpace, brief, search
     from argosy.sim.plan_answer import answer, render_plan
     from argosy.sim.plan_checks import checks, headroom
-    from argosy.sim.profile import model_shape
+    from argosy.sim.profile import load_catalogue, model_shape
     from argosy.sim.results import gpu_prices
-    from argosy.sim.traffic import make_requests
+    from argosy.sim.traffic import TrafficError, make_requests
 
     try:
         model, spec, slo = _inputs(args)
@@ -327,6 +333,13 @@ def run_plan(args: argparse.Namespace) -> int:
             raise ValueError("--max-replicas must be at least 1")
         if args.jobs is not None and args.jobs < 1:
             raise ValueError("--jobs must be at least 1")
+        if min(args.tp) < 1 or min(args.max_num_seqs) < 1:
+            raise ValueError("--tp and --max-num-seqs must be at least 1")
+        known = load_catalogue()["accelerators"]
+        unknown = [g for g in args.gpus if g not in known]
+        if unknown:  # a typo is a mistake to say, not a configuration to skip
+            raise ValueError(f"unknown accelerator {unknown[0]!r}: one of {', '.join(known)} "
+                             "(argosy/sim/catalogue.yaml)")
         space = PlanSpace(tuple(args.gpus), tuple(args.tp), tuple(args.max_num_seqs), tuple(args.policies),
                           args.max_replicas, args.spare)
         settings = _roofline_settings(args)
@@ -340,7 +353,10 @@ def run_plan(args: argparse.Namespace) -> int:
     from argosy.sim.capacity_mix import peak_spec, plan_mix, render_mix
 
     week, spec = spec, peak_spec(spec)  # a week's curve: the search sizes its peak
-    reqs = make_requests(spec)
+    try:
+        reqs = make_requests(spec)
+    except TrafficError as e:
+        return _fail("plan", e)
     _log(f"planning for {len(reqs)} requests over {spec.duration_s:g} s")
     res = search(model, shape, spec, reqs, slo, space, settings, price, progress=_log, fleet=args.fleet,
                  jobs=args.jobs)

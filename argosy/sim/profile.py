@@ -31,6 +31,8 @@ from pathlib import Path
 
 import yaml
 
+from argosy.engine.parallel.split import tp_split_problems
+
 CATALOGUE = Path(__file__).parent / "catalogue.yaml"
 
 
@@ -255,6 +257,10 @@ class ModelShape:
     # Attention FLOPs per (query token x context token): QK^T and PV, 2 x 2 x heads x head_dim, per layer.
     attn_flops_per_pair: float = 0.0
     hidden_size: int = 0  # what a tensor-parallel layer all-reduces per token (twice: attention and MLP)
+    # What a TP size must divide (0: unknown, not checked).
+    num_heads: int = 0
+    num_kv_heads: int = 0
+    intermediate_size: int = 0
 
     @classmethod
     def from_config(cls, name: str, c: dict) -> ModelShape:
@@ -272,7 +278,8 @@ class ModelShape:
         vocab = c["vocab_size"] * h
         return cls(name, float(params), layers, 2 * layers * kv_heads * head_dim,
                    embed_params=0.0 if c.get("tie_word_embeddings") else float(vocab), head_params=float(vocab),
-                   attn_flops_per_pair=4.0 * layers * heads * head_dim, hidden_size=h)
+                   attn_flops_per_pair=4.0 * layers * heads * head_dim, hidden_size=h,
+                   num_heads=heads, num_kv_heads=kv_heads, intermediate_size=inter)
 
 
 def model_shape(spec: str) -> ModelShape:
@@ -312,6 +319,12 @@ def roofline_profile(gpu: str, shape: ModelShape, tp: int = 1, s: RooflineSettin
     if gpu not in acc:
         raise ValueError(f"unknown accelerator {gpu!r}: one of {', '.join(acc)} (argosy/sim/catalogue.yaml)")
     a = acc[gpu]
+    if tp < 1:
+        raise ValueError(f"the TP size must be at least 1, got {tp}")
+    problems = tp_split_problems(shape.num_heads, shape.num_kv_heads, shape.intermediate_size, tp) \
+        if shape.num_heads else []
+    if problems:  # the engine would refuse to start such a replica
+        raise ValueError(f"{shape.name} does not split over TP {tp}: it must divide {', '.join(problems)}")
     if s.dtype not in ("bf16", "fp8"):
         raise ValueError(f"dtype must be bf16 or fp8, got {s.dtype!r}")
     tflops = a["fp8_tflops"] if s.dtype == "fp8" else a["bf16_tflops"]

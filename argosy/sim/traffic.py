@@ -18,9 +18,13 @@ import yaml
 from pydantic import Field, ValidationError, model_validator
 
 from argosy.bench.workload import DISTRIBUTIONS, LengthDist, load_trace
-from argosy.config import _Strict
+from argosy.config import FleetConfigError, _Strict
 
 DAY_S, WEEK_S = 86400.0, 604800.0
+# The most requests one simulated run makes: each holds a few hundred bytes until it finishes, and a
+# typo'd rate or duration should get a line, not numpy's "Maximum allowed dimension exceeded" or a
+# machine out of memory.
+MAX_REQUESTS = 10_000_000
 
 
 class Lengths(_Strict):
@@ -139,8 +143,10 @@ def load_traffic(path: str | Path) -> TrafficSpec:
     p = Path(path)
     try:
         data = yaml.safe_load(p.read_text())
-    except (OSError, yaml.YAMLError) as e:
-        raise TrafficError(f"{p}: {getattr(e, 'strerror', None) or e}") from None
+    except yaml.YAMLError as e:
+        raise TrafficError(str(FleetConfigError.from_yaml(p, e))) from None
+    except OSError as e:
+        raise TrafficError(f"{p}: {e.strerror or e}") from None
     try:
         spec = TrafficSpec.model_validate(data or {})
     except ValidationError as e:
@@ -170,6 +176,10 @@ def arrival_times(spec: TrafficSpec, rng: np.random.Generator) -> np.ndarray:
     rates = spec.rate_at(grid)
     cum = np.concatenate([[0.0], np.cumsum((rates[1:] + rates[:-1]) / 2 * np.diff(grid))])  # Lambda(t)
     total, k = cum[-1], spec.burstiness
+    if not total <= MAX_REQUESTS:
+        many = f"{total:,.0f}" if total < 1e12 else f"{total:.1e}"
+        raise TrafficError(f"the traffic makes about {many} requests; one simulated run takes at most "
+                           f"{MAX_REQUESTS:,} (lower rate or duration_s)")
     n = int(total + 6 * math.sqrt(total / k) + 16)
     s = np.cumsum(rng.gamma(k, 1.0 / k, size=n))
     s = s[s < total]

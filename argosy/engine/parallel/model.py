@@ -13,19 +13,13 @@ from argosy.engine.attention import AttentionMetadata
 from argosy.engine.checkpoint import ModelConfig, safetensors_files
 from argosy.engine.models.llama import DecoderLayer, RMSNorm, rope_inv_freq
 from argosy.engine.parallel.linear import ParallelLMHead, RowParallelLinear, VocabParallelEmbedding
+from argosy.engine.parallel.split import tp_split_problems
 from argosy.engine.parallel.state import ParallelState
 
 
 def check_divisible(cfg: ModelConfig, tp: int, pp: int) -> None:
     """Raises ValueError, before any process starts, for a model these sizes cannot split."""
-    problems = []
-    if cfg.num_heads % tp:
-        problems.append(f"num_attention_heads ({cfg.num_heads})")
-    if cfg.intermediate_size % tp:
-        problems.append(f"intermediate_size ({cfg.intermediate_size})")
-    kv_ok = cfg.num_kv_heads % tp == 0 if cfg.num_kv_heads >= tp else tp % cfg.num_kv_heads == 0
-    if not kv_ok:
-        problems.append(f"num_key_value_heads ({cfg.num_kv_heads}; fewer than the ranks must divide them)")
+    problems = tp_split_problems(cfg.num_heads, cfg.num_kv_heads, cfg.intermediate_size, tp)
     if problems:
         raise ValueError(f"tensor_parallel_size {tp} must divide {', '.join(problems)}")
     if pp > cfg.num_layers:
