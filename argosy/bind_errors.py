@@ -2,7 +2,19 @@
 
 from __future__ import annotations
 
+import argparse
 import errno
+
+
+def port_number(text: str) -> int:
+    """argparse's type for --port: 0 (any free port) to 65535, else one line naming the range."""
+    try:
+        port = int(text)
+    except ValueError:
+        port = -1
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port: 0 (any free one) to 65535")
+    return port
 
 
 def port_problem(e: OSError, port: int) -> str:

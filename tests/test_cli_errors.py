@@ -49,6 +49,22 @@ def test_engine_on_a_port_in_use(busy_port, tiny_llama):
     assert "already in use" in one_line(done.stderr)
 
 
+@pytest.mark.parametrize("command", [["engine", "--model", "builtin"], ["gateway"], ["serve", "--model", "builtin"]])
+@pytest.mark.parametrize("port", ["70000", "-5", "http"])
+def test_a_port_out_of_range_is_one_line(command, port):
+    done = argosy(*command, "--port", port)  # had been OverflowError's traceback from bind()
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    # argparse's usage, then its one error line
+    assert done.stderr.splitlines()[-1].endswith(f"argument --port: {port!r} is not a port: 0 (any free one) to 65535")
+
+
+def test_a_tensor_parallel_size_the_model_cannot_split_over_is_one_line(tiny_llama):
+    done = argosy("engine", "--model", tiny_llama, "--tensor-parallel-size", "3", "--port", "0")
+    assert done.returncode != 0
+    line = one_line(done.stderr)  # had been the engine thread's traceback, then the same words again
+    assert "--tensor-parallel-size 3 must divide the model's num_attention_heads" in line
+
+
 def test_yaml_syntax_error_names_file_and_line(tmp_path):
     fleet = tmp_path / "fleet.yaml"
     fleet.write_text("gateway:\n  port: 0\nmodels:\n  - name: m\n    upstreams: [http://127.0.0.1:1\n")

@@ -14,6 +14,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from argosy.bind_errors import port_number
 from argosy.config import FleetConfig, FleetConfigError, load_fleet, parse_fleet
 from argosy.startup_heap import freeze_startup_heap, pause_collection
 
@@ -26,7 +27,7 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--replicas", type=int, default=None, help="with --model or no config: fixed replica count")
     p.add_argument("--kv-cache-memory", type=float, default=None, metavar="GIB", help="with --model: KV per replica")
     p.add_argument("--host", help="override gateway.host")
-    p.add_argument("--port", type=int, help="override gateway.port (0: any free port, printed)")
+    p.add_argument("--port", type=port_number, help="override gateway.port (0: any free port, printed)")
     p.add_argument("--insecure", action="store_true", help="allow a non-loopback address with no API keys")
     p.add_argument("--log-level", default="info")
     from argosy.gateway.cli import add_observe_arguments, add_region_argument

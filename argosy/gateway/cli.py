@@ -13,7 +13,7 @@ import socket
 import sys
 import threading
 
-from argosy.bind_errors import port_problem
+from argosy.bind_errors import port_number, port_problem
 from argosy.config import FleetConfigError, load_fleet, parse_fleet
 from argosy.gateway import local_admin
 from argosy.gateway.admin import is_loopback
@@ -26,7 +26,7 @@ from argosy.observe.logs import add_logging_arguments, setup_logging
 def add_gateway_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", help="fleet file (YAML); without one, the defaults")
     parser.add_argument("--host", help="override gateway.host")
-    parser.add_argument("--port", type=int, help="override gateway.port (0: any free port)")
+    parser.add_argument("--port", type=port_number, help="override gateway.port (0: any free port)")
     parser.add_argument("--insecure", action="store_true",
                         help="allow a non-loopback address with no API keys configured (anyone can use it)")
     parser.add_argument("--log-level", default="info")

@@ -7,6 +7,7 @@ import os
 import socket
 from pathlib import Path
 
+from argosy.bind_errors import port_number
 from argosy.engine.config_flags import add_engine_flags
 from argosy.observe.logs import add_logging_arguments
 from argosy.server.auth import API_KEY_ENV
@@ -34,7 +35,7 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--revision", default=None,
                         help="the revision this replica serves (shown in /v1/models; the fleet sets it)")
     parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=None,
+    parser.add_argument("--port", type=port_number, default=None,
                         help=f"0 picks a free port, printed at start (default {DEFAULT_PORT})")
     add_engine_flags(parser.add_argument_group("engine settings (the fields of EngineConfig)"))
     parser.add_argument("--max-queue", type=int, default=DEFAULT_MAX_QUEUE,
@@ -90,6 +91,19 @@ def run_engine_server(args: argparse.Namespace) -> None:
         raise SystemExit(f"argosy engine: no checkpoint at {model} (not a folder with config.json, nor a .gguf file)")
     if args.max_queue < 1:
         raise SystemExit("argosy engine: --max-queue must be at least 1")
+    if config.tensor_parallel_size > 1:  # said here, before a port is taken or a rank started
+        from argosy.engine.checkpoint_config import checked_config
+        from argosy.engine.parallel.split import tp_split_problems
+
+        try:
+            shape = checked_config(model)
+        except CheckpointError as exc:
+            raise SystemExit(f"argosy engine: {exc}") from None
+        problems = tp_split_problems(shape.num_heads, shape.num_kv_heads, shape.intermediate_size,
+                                     config.tensor_parallel_size)
+        if problems:
+            raise SystemExit(f"argosy engine: --tensor-parallel-size {config.tensor_parallel_size} must divide "
+                             f"the model's {', '.join(problems)}")
     try:
         from argosy.engine.parallel.launch import run_if_worker_rank
 
