@@ -47,6 +47,14 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_make_test_model(args: argparse.Namespace) -> int:
+    try:
+        return _make_test_model(args)
+    except OSError as e:  # a folder that cannot be written: one line, not the writer's traceback
+        sys.stderr.write(f"argosy make-test-model: cannot write {args.dir}: {e.strerror or e}\n")
+        return 2
+
+
+def _make_test_model(args: argparse.Namespace) -> int:
     if args.arch.startswith("bert-"):  # an embedding model or a cross-encoder (docs/components.md)
         from argosy.encoder.random_model import make_random_bert
 

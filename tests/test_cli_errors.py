@@ -117,3 +117,23 @@ def test_serve_a_checkpoint_whose_config_describes_no_model(tiny_llama, tmp_path
     assert done.returncode == 2
     line = one_line(done.stderr)
     assert line.startswith("argosy serve: model ") and "num_heads is 0" in line
+
+
+def test_a_test_model_into_a_folder_that_cannot_be_written_is_one_line(tmp_path):
+    (tmp_path / "file").write_text("")
+    done = argosy("make-test-model", str(tmp_path / "file" / "model"))  # had been the writer's traceback
+    assert done.returncode == 2
+    target = tmp_path / "file" / "model"
+    assert one_line(done.stderr) == f"argosy make-test-model: cannot write {target}: Not a directory"
+
+
+def test_the_scheduler_extender_without_a_cluster_or_its_port_is_one_line(tmp_path, busy_port):
+    # No kubeconfig and no in-cluster service: had been the kubernetes client's ConfigException traceback.
+    env_home = {"HOME": str(tmp_path), "KUBECONFIG": str(tmp_path / "none")}
+    done = subprocess.run([sys.executable, "-m", "argosy.cli", "scheduler-extender", "--port", "0"],
+                          capture_output=True, text=True, timeout=60, cwd=ROOT, stdin=subprocess.DEVNULL,
+                          env={k: v for k, v in os.environ.items() if k != "KUBERNETES_SERVICE_HOST"}
+                          | env_home | {"PYTHONPATH": str(ROOT)})
+    assert done.returncode == 2 and "no Kubernetes API to reach" in one_line(done.stderr)
+    done = argosy("scheduler-extender", "--no-api", "--host", "127.0.0.1", "--port", str(busy_port))
+    assert done.returncode == 2 and "already in use" in one_line(done.stderr)

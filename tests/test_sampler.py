@@ -247,3 +247,14 @@ def test_never_samples_vocab_padding():
     seqs = seqs[:64]
     tokens = Sampler(V, {EOS})(logits, seqs).token_ids
     assert max(tokens) < V and min(tokens) >= 0
+
+
+@pytest.mark.parametrize("field, value", [("temperature", math.nan), ("temperature", math.inf),
+                                          ("repetition_penalty", math.inf), ("repetition_penalty", math.nan)])
+def test_the_offline_api_refuses_sampling_numbers_that_are_not_finite(field, value):
+    from argosy.engine.sampling_params import SamplingParams, SamplingParamsError
+
+    # The server's JSON has no NaN or Infinity; LLM.generate and `argosy generate` take any float, and a NaN
+    # temperature had sampled 64 tokens from NaN probabilities.
+    with pytest.raises(SamplingParamsError, match=f"{field} must be .*finite"):
+        SamplingParams(**{field: value})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from argosy.engine.errors import InvalidRequestError
@@ -56,8 +57,8 @@ class SamplingParams:
 
         if not isinstance(self.n, int) or self.n < 1:
             fail("n", f"n must be at least 1, got {self.n}.")
-        if self.temperature < 0:
-            fail("temperature", f"temperature must be non-negative, got {self.temperature}.")
+        if not 0 <= self.temperature < math.inf:  # NaN too: the offline API takes any float
+            fail("temperature", f"temperature must be non-negative and finite, got {self.temperature}.")
         if not 0.0 < self.top_p <= 1.0:
             fail("top_p", f"top_p must be in (0, 1], got {self.top_p}.")
         if not isinstance(self.top_k, int) or self.top_k < 0:
@@ -68,8 +69,9 @@ class SamplingParams:
             fail("presence_penalty", f"presence_penalty must be in [-2, 2], got {self.presence_penalty}.")
         if not -2.0 <= self.frequency_penalty <= 2.0:
             fail("frequency_penalty", f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}.")
-        if not self.repetition_penalty > 0.0:
-            fail("repetition_penalty", f"repetition_penalty must be greater than 0, got {self.repetition_penalty}.")
+        if not 0.0 < self.repetition_penalty < math.inf:
+            fail("repetition_penalty", f"repetition_penalty must be greater than 0 and finite, "
+                                       f"got {self.repetition_penalty}.")
         if self.max_tokens is not None and (not isinstance(self.max_tokens, int) or self.max_tokens < 1):
             fail("max_tokens", f"max_tokens must be at least 1, got {self.max_tokens}.")
         if not isinstance(self.min_tokens, int) or self.min_tokens < 0:

@@ -25,7 +25,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import sys
 
+from argosy.bind_errors import port_number, port_problem
 from argosy.config_providers import KubernetesProviderOptions
 from argosy.fleet.kubernetes_pods import LABEL, node_from_k8s
 from argosy.fleet.placement import Need, Node, Placement, Placer, Unplaceable
@@ -217,7 +219,7 @@ async def serve(ext: Extender, host: str, port: int, sync_s: float = 10.0) -> No
 
 def add_extender_arguments(p) -> None:
     p.add_argument("--host", default="0.0.0.0")
-    p.add_argument("--port", type=int, default=8888)
+    p.add_argument("--port", type=port_number, default=8888)
     p.add_argument("--kubeconfig", help="kubeconfig (default: in-cluster); with --no-api, none is read")
     p.add_argument("--no-api", action="store_true",
                    help="no API server (a dry run): learn only from the requests; bind records, binds nothing")
@@ -229,12 +231,22 @@ def run_extender(args) -> int:
     core = None
     if not args.no_api:
         from kubernetes import client
+        from kubernetes.config import ConfigException
 
         from argosy.fleet.kubernetes_provider import make_api_client
 
-        core = client.CoreV1Api(make_api_client(opts))
+        try:
+            core = client.CoreV1Api(make_api_client(opts))
+        except (ConfigException, OSError) as e:
+            print(f"argosy scheduler-extender: no Kubernetes API to reach ({e}): pass --kubeconfig FILE, run it "
+                  "in the cluster, or --no-api for a dry run", file=sys.stderr)
+            return 2
     try:
         asyncio.run(serve(Extender(opts, core), args.host, args.port, args.sync_s))
     except KeyboardInterrupt:
         return 130
+    except OSError as e:  # the listening socket
+        print(f"argosy scheduler-extender: cannot listen on {args.host}:{args.port}: {port_problem(e, args.port)}",
+              file=sys.stderr)
+        return 2
     return 0
