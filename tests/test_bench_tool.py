@@ -341,3 +341,26 @@ def test_unusable_numbers_are_refused_before_the_server_is_asked(tmp_path, capsy
     err = capsys.readouterr().err
     assert rc == 2 and res == {}
     assert message in err and err.startswith("argosy bench: error:") and err.count("\n") == 1
+
+
+def test_ctrl_c_keeps_and_reports_what_finished(tmp_path):
+    import signal
+
+    fx = Fixture("--ttft", "0.02", "--token-delay", "0.01")
+    out = tmp_path / "partial.json"
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "argosy.cli", "bench", "--url", fx.url, "--model", "fixture",
+                                 "--rate", "20", "--duration", "120", "--output-tokens", "20", "--no-progress",
+                                 "-o", str(out)], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+        time.sleep(4)  # a few dozen requests done, a few in flight
+        os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal sends: the whole group
+        stdout, stderr = proc.communicate(timeout=30)
+    finally:
+        fx.stop()
+    assert proc.returncode == 130 and "Traceback" not in stderr
+    assert "Interrupted (Ctrl-C)" in stdout and f"results: {out}" in stdout  # had exited with nothing written
+    run = json.loads(out.read_text())["runs"][0]
+    assert run["summary"]["completed"] >= 10 and run["summary"]["failed"] == 0
+    assert run["interrupted"]["in_flight"] >= 0 and all(r["ok"] for r in run["records"])

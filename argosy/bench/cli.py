@@ -196,7 +196,7 @@ def _bench(args: argparse.Namespace) -> int:
     config = {k: v for k, v in vars(args).items() if k not in ("api_key", "bench_command", "results_file")
               and isinstance(v, str | int | float | bool | list | tuple | dict | None)}
     config.update(model=model, request_url=ep.url, slo_ms=slos)
-    runs = []
+    runs, interrupted = [], False
     gc.freeze()  # what exists now is never garbage: fewer, shorter collections during the runs
     try:
         for level in levels:
@@ -204,18 +204,27 @@ def _bench(args: argparse.Namespace) -> int:
                                 None if args.progress else False)
             run = Run(ep, level, limits, jobs(limits.num_requests), progress, args.max_connections)
             cpu0 = time.process_time()
-            records = _run_async(run.execute)
+            try:
+                records = _run_async(run.execute)
+            except KeyboardInterrupt:  # Ctrl-C: asyncio.Runner cancelled the run; what finished is kept
+                interrupted = True
+                records = run.records
             # The load generator's own CPU over the run (its interpreter start and imports left out): on
             # a machine it shares with the server, what the server lacked.
             client_cpu_s = round(time.process_time() - cpu0, 4)
-            entry = results.run_entry(level.label, {"rate": level.rate, "concurrency": level.concurrency,
-                                                    "burstiness": level.burstiness, "ramp": level.ramp,
-                                                    "started_unix": run.started_unix,
-                                                    "client_cpu_s": client_cpu_s},
-                                      records, slos)
+            level_info = {"rate": level.rate, "concurrency": level.concurrency, "burstiness": level.burstiness,
+                          "ramp": level.ramp, "started_unix": run.started_unix, "client_cpu_s": client_cpu_s}
+            if interrupted:
+                # Requests cut off mid-flight have neither an answer nor an error of the server's: left out of
+                # the figures, and counted.
+                level_info["interrupted"] = {"in_flight": sum(1 for r in records if not r.ok and not r.error_kind)}
+                records = [r for r in records if r.ok or r.error_kind]
+            entry = results.run_entry(level.label, level_info, records, slos)
             runs.append(entry)
             print(results.render_run(entry), flush=True)
             _warn_if_lagging(entry["summary"])
+            if interrupted:
+                break
     finally:
         gc.unfreeze()
     result = results.build(config, runs, slos)
@@ -227,6 +236,8 @@ def _bench(args: argparse.Namespace) -> int:
         from argosy.bench.html_report import write_html
         write_html(result, args.html)
         print(f"HTML report: {args.html}")
+    if interrupted:
+        return 130  # as a shell reports a Ctrl-C
     return 0 if any(r["summary"]["completed"] for r in runs) else 1
 
 

@@ -74,16 +74,19 @@ def _f(v: float | None, digits: int = 2) -> str:
 def render_run(run: dict) -> str:
     s = run["summary"]
     errors = ", ".join(f"{k}: {v}" for k, v in s["errors"].items())
-    lines = [f"============ {run['label']} ============",
-             f"Requests:                 {s['requests']} sent, {s['completed']} completed, {s['failed']} failed"
-             + (f" ({errors})" if errors else ""),
-             f"Duration:                 {_f(s['duration_s'])} s",
-             f"Request throughput:       {_f(s['request_throughput_rps'])} req/s",
-             f"Input token throughput:   {_f(s['input_throughput_tps'], 1)} tok/s"
-             f" ({s['total_input_tokens']} tokens)",
-             f"Output token throughput:  {_f(s['output_throughput_tps'], 1)} tok/s"
-             f" ({s['total_output_tokens']} tokens)",
-             f"Total token throughput:   {_f(s['total_token_throughput_tps'], 1)} tok/s"]
+    lines = [f"============ {run['label']} ============"]
+    if run.get("interrupted"):
+        lines.append(f"Interrupted (Ctrl-C):     the figures are of what finished before it; "
+                     f"{run['interrupted']['in_flight']} requests in flight were dropped")
+    lines += [f"Requests:                 {s['requests']} sent, {s['completed']} completed, {s['failed']} failed"
+              + (f" ({errors})" if errors else ""),
+              f"Duration:                 {_f(s['duration_s'])} s",
+              f"Request throughput:       {_f(s['request_throughput_rps'])} req/s",
+              f"Input token throughput:   {_f(s['input_throughput_tps'], 1)} tok/s"
+              f" ({s['total_input_tokens']} tokens)",
+              f"Output token throughput:  {_f(s['output_throughput_tps'], 1)} tok/s"
+              f" ({s['total_output_tokens']} tokens)",
+              f"Total token throughput:   {_f(s['total_token_throughput_tps'], 1)} tok/s"]
     if s["slo_ms"]:
         slo = ", ".join(f"{k}<={v:g} ms" for k, v in s["slo_ms"].items())
         lines.append(f"Goodput ({slo}): {_f(s['goodput_rps'])} req/s;"
@@ -96,7 +99,7 @@ def render_run(run: dict) -> str:
     for name, st in rows:
         lines.append(f"{name:16}" + "".join(f"{_f(st[k]):>10}" for k in ("mean", "p50", "p90", "p99")))
     lines.append(f"Peak in flight:           {s['peak_in_flight']} requests")
-    if run.get("client_cpu_s") is not None and s["duration_s"]:
+    if run.get("client_cpu_s") is not None and s["duration_s"] and s["requests"]:
         lines.append(f"Client CPU:               {run['client_cpu_s']:.2f} s"
                      f" ({100 * run['client_cpu_s'] / s['duration_s']:.0f} % of a core)")
     return "\n".join(lines)
