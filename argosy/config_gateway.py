@@ -72,6 +72,14 @@ class KeyConfig(_Section):
     expires_at: datetime.datetime | None = None  # after this (ISO 8601; UTC when no zone) requests get 401
     residency: str | None = None  # a jurisdiction (regions[].jurisdiction) its requests never leave
 
+    @field_validator("name")
+    @classmethod
+    def _printable(cls, v: str) -> str:
+        # A name goes into logs, metric labels and the admin URL /admin/keys/NAME.
+        if not 1 <= len(v) <= 64 or any(c.isspace() or c == "/" or not c.isprintable() for c in v):
+            raise ValueError("a key name is 1 to 64 characters, without spaces, slashes or control characters")
+        return v
+
     @field_validator("expires_at")
     @classmethod
     def _utc(cls, v: datetime.datetime | None) -> datetime.datetime | None:

@@ -107,3 +107,16 @@ def test_offline_and_unreachable_say_what_to_do(tmp_path, capsys, monkeypatch):
     fleet_file.write_text("gateway:\n  port: 8000\n  host: a: b\n")  # a colon too many, line 3
     code, _, err = keys(capsys, monkeypatch, missing, "list", "--config", str(fleet_file), "--offline")
     assert code == 2 and f"{fleet_file}:3:" in err and "YAML syntax error" in err and len(err.splitlines()) == 1
+
+
+@pytest.mark.parametrize("name", ["", "two words", "line\nbreak", "a/b", "x" * 65])
+def test_a_key_name_that_logs_labels_or_urls_would_mangle_is_refused(fleet, tmp_path, capsys, monkeypatch, name):
+    (a, _), (file_a, _), _ = fleet
+    rule = "a key name is 1 to 64 characters, without spaces, slashes or control characters"
+    code, key, err = keys(capsys, monkeypatch, file_a, "add", name)  # online: the admin API's check
+    assert code == 2 and not key and (rule in err or (not name and "give a new key 'name'" in err))
+    fleet_file = tmp_path / "fleet.yaml"  # offline: the fleet file's, the same rule
+    code, key, err = keys(capsys, monkeypatch, file_a, "add", name, "--config", str(fleet_file), "--offline")
+    assert code == 2 and not key and rule in err and not fleet_file.exists()
+    code, listed, _ = keys(capsys, monkeypatch, file_a, "list")
+    assert code == 0 and "two words" not in listed and "line" not in listed
