@@ -206,6 +206,28 @@ def test_cli_errors_are_one_line_and_exit_2(tmp_path, capsys, traffic, extra, me
     assert re.search(message, err)
 
 
+@pytest.mark.parametrize("trace, message", [
+    (None, "trace .*no-such.jsonl: No such file"),  # each had been a traceback
+    ("", "empty trace"),
+    ('{"timestamp": "soon", "prompt_tokens": 5}\n', ":1: bad trace line .*could not convert"),
+    ('{"timestamp": 0, "prompt_tokens": -5, "output_tokens": 0}\n', ":1: bad trace line .*of 1 or more"),  # had run
+    ('{"timestamp": 0, "prompt_tokens": 5}\n{"timestamp": 1e999, "prompt_tokens": 5}\n', ":2: .*a finite timestamp"),
+])
+def test_a_traffic_files_trace_mistakes_are_one_line(tmp_path, capsys, trace, message):
+    import re
+
+    from argosy.cli import main
+
+    name = "no-such.jsonl" if trace is None else "trace.jsonl"
+    if trace is not None:
+        (tmp_path / name).write_text(trace)
+    (tmp_path / "t.yaml").write_text(f"duration_s: 10\ntrace: {name}\n")
+    for command in (["sim", "--gpu", "H100"], ["plan"]):
+        assert main([*command, "--traffic", str(tmp_path / "t.yaml"), "--model-config", "llama-3.1-8b"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith(f"argosy {command[0]}: error:") and "\n" not in err and re.search(message, err)
+
+
 def test_profile_measures_the_engine_and_a_served_replica_then_sim_reads_it(tmp_path, capsys):
     from argosy.cli import main
     from argosy.engine.random_model import make_random_model

@@ -129,7 +129,9 @@ def load_trace(path: str | Path, default_output_tokens: int = 64, seed: int = 0)
                 k = int(d["prompt_tokens"])
                 text = words(rng, k)
             out = int(d.get("output_tokens", default_output_tokens))
-        except (ValueError, KeyError, TypeError) as e:
+            if not math.isfinite(ts) or out < 1 or ("prompt" not in d and k < 1):
+                raise ValueError("a finite timestamp, and prompt_tokens and output_tokens of 1 or more")
+        except (ValueError, KeyError, TypeError, OverflowError) as e:
             raise ValueError(f"{path}:{lineno}: bad trace line ({e.__class__.__name__}: {e})") from None
         rows.append((ts, text, k, out))
     if not rows:

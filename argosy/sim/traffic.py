@@ -190,7 +190,12 @@ def make_requests(spec: TrafficSpec) -> Requests:
     rng = np.random.default_rng(spec.seed)
     lrng = random.Random(spec.seed)
     if spec.trace is not None:
-        jobs = load_trace(spec.trace, spec.output_tokens.mean, spec.seed)
+        try:
+            jobs = load_trace(spec.trace, spec.output_tokens.mean, spec.seed)
+        except OSError as e:
+            raise TrafficError(f"trace {spec.trace}: {e.strerror or e}") from None
+        except ValueError as e:
+            raise TrafficError(str(e)) from None
         jobs = [j for j in jobs if (j.at_s or 0.0) <= spec.duration_s]
         times = [j.at_s or 0.0 for j in jobs]
         prompts = [j.turns[0].new_tokens for j in jobs]
