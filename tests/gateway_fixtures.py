@@ -43,6 +43,7 @@ class Upstream:
             "ttft": args.ttft, "token_delay": args.token_delay, "tokens": args.tokens,
             "fail_status": 0, "fail_count": 0, "die_after_chunks": -1, "healthy": True,
             "waiting": 0, "kv": 0.0, "text": None, "echo": False, "prefill_per_char": args.prefill_per_char,
+            "fail_retry_after": 0,  # with fail_status: a Retry-After header on the injected failures (a full queue)
         }
         self.stats: dict[str, Any] = {"requests": 0, "by_model": {}, "in_flight": 0, "max_in_flight": 0,
                                       "prompt_chars": 0, "cached_chars": 0, "users": []}
@@ -117,7 +118,9 @@ class Upstream:
             c["fail_count"] -= 1
             if c["fail_status"] == -1:  # hang up without answering
                 raise ConnectionAbortedError
-            return await _send(send, c["fail_status"] or 500, b'{"error":{"message":"injected","type":"x"}}')
+            extra = [(b"retry-after", str(c["fail_retry_after"]).encode())] if c["fail_retry_after"] else []
+            return await _send(send, c["fail_status"] or 500, b'{"error":{"message":"injected","type":"x"}}',
+                               extra=extra)
         if path == "/v1/embeddings":
             return await _send(send, 200, json.dumps({"object": "list", "model": model, "data": [
                 {"object": "embedding", "index": 0, "embedding": [0.1, 0.2]}],
@@ -183,9 +186,9 @@ class Upstream:
             st["in_flight"] -= 1
 
 
-async def _send(send, status: int, body: bytes, ctype: bytes = b"application/json") -> None:
+async def _send(send, status: int, body: bytes, ctype: bytes = b"application/json", extra=()) -> None:
     await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", ctype), (b"content-length", str(len(body)).encode())]})
+                "headers": [(b"content-type", ctype), (b"content-length", str(len(body)).encode()), *extra]})
     await send({"type": "http.response.body", "body": body})
 
 

@@ -112,3 +112,29 @@ print(fleet.gateway.host, Gateway(fleet).loopback_only)
     assert not Gateway(parse_fleet({"gateway": {"host": "::"}}, "test")).loopback_only
     assert not Gateway(parse_fleet({"gateway": {"host": "gateway.example"}}, "test")).loopback_only
     assert Gateway(parse_fleet({"gateway": {"host": "::1"}}, "test")).loopback_only
+
+
+def test_on_loopback_with_no_keys_web_pages_cannot_use_them(upstream):
+    """Open admin endpoints take no credential: a web page the operator visited could POST /admin/upstreams
+    (text/plain needs no CORS preflight) and have the model's prompts sent to its own server, or rebind its
+    name to 127.0.0.1. A request naming another page (Origin) or another host (Host) is refused."""
+    s = serve(upstream, "127.0.0.1")
+    own = s.url.removeprefix("http://")
+    try:
+        for headers in ({"origin": "http://evil.example", "content-type": "text/plain"},
+                        {"origin": "null"},
+                        {"origin": "http://127.0.0.1:1"},  # another local page
+                        {"host": "evil.example:" + own.rsplit(":", 1)[1], "origin": "http://evil.example"}):
+            r = httpx.post(s.url + "/admin/upstreams", content=f'{{"model": "m", "url": "{OTHER}"}}',
+                           headers=headers, timeout=10)
+            assert r.status_code == 403, (headers, r.text)
+            assert r.json()["error"]["code"] == "admin_cross_origin"
+        assert urls_of(s) == [upstream.url]
+        r = httpx.post(s.url + "/v1/completions", json={"model": "m", "prompt": "hi", "max_tokens": 2}, timeout=10)
+        assert r.json()["system_fingerprint"] == "u"  # still routed where it was
+        # The gateway's own pages, and clients that are no browser (no Origin), still may.
+        assert urls_of(s, {"origin": "http://" + own}) == [upstream.url]
+        assert httpx.post(s.url + "/admin/upstreams", json={"model": "m", "url": OTHER}, timeout=10).status_code == 200
+        assert OTHER in urls_of(s)
+    finally:
+        s.stop()

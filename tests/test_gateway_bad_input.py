@@ -5,6 +5,7 @@ on every path, so after any number of bad requests a good one is still served.""
 from __future__ import annotations
 
 import httpx
+import openai
 import pytest
 
 from tests.gateway_fixtures import start_gateway, start_upstream
@@ -103,7 +104,8 @@ def test_a_wrong_type_or_range_in_a_field_the_gateway_reads_is_a_400(gateway, pa
 
 
 @pytest.mark.parametrize("raw", [b"", b"not json", b"[1, 2]", b'"m"', b"null", b"[" * 100_000 + b"]" * 100_000,
-                                 b'{"model": "m", "prompt": "hi", "max_tokens": NaN}', b"\xff\xfe{}"])
+                                 b'{"model": "m", "prompt": "hi", "max_tokens": NaN}', b"\xff\xfe{}",
+                                 b'{"model": "m", "prompt": "hi", "temperature": 1e999}'])  # not infinity
 def test_a_body_that_is_not_a_json_object_is_a_400(gateway, raw):
     r = httpx.post(gateway.url + "/v1/completions", content=raw, timeout=30,
                    headers={"content-type": "application/json"})
@@ -221,3 +223,24 @@ def test_a_started_gateway_keeps_its_start_up_heap_out_of_later_collections():
         asyncio.run(scenario())
     finally:
         gc.unfreeze()
+
+
+def test_one_model_is_retrieved_as_openai_clients_ask(gateway):
+    """`client.models.retrieve(name)` is GET /v1/models/{name}: it was a 404 "no route" at the gateway
+    (the replicas serve it)."""
+    with openai.OpenAI(base_url=gateway.url + "/v1", api_key="none", max_retries=0) as client:
+        m = client.models.retrieve("m")
+        assert m.id == "m" and m.object == "model"
+        with pytest.raises(openai.NotFoundError) as info:
+            client.models.retrieve("nope")
+        assert info.value.body["code"] == "model_not_found" and info.value.body["param"] == "model"
+
+
+def test_a_websocket_upgrade_is_refused_not_a_server_error(gateway):
+    """An `Upgrade: websocket` request (to any path) was a 500 and an error line in the gateway's log."""
+    headers = {"connection": "Upgrade", "upgrade": "websocket", "sec-websocket-version": "13",
+               "sec-websocket-key": "dGhlIHNhbXBsZSBub25jZQ=="}
+    for _ in range(2):
+        r = httpx.get(gateway.url + "/v1/models", headers=headers, timeout=10)
+        assert r.status_code == 403, (r.status_code, r.text)
+    assert post(gateway, model="m", prompt="hi", max_tokens=2).status_code == 200

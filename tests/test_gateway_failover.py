@@ -121,3 +121,25 @@ def test_no_live_upstream_is_a_retryable_503_not_404(trio):
         u.kill()
     got = [plain_request(gw.url) for _ in range(5)]
     assert all(k == "refused" for k, _ in got)
+
+
+def test_a_busy_upstream_is_not_ejected_a_broken_one_is():
+    """A replica's 503 with Retry-After (its queue is full) was counted as a failure: a burst of large requests
+    (prompt arrays) ejected every replica of the model, and everyone got 503 no_upstream for the ejection."""
+    up = start_upstream("u")
+    gw = None
+    try:
+        gw = start_gateway({"gateway": {**GW, "eject_for_s": 60, "health_interval_s": 30}, "models": [
+            {"name": "m", "upstreams": [up.url]}]})
+        up.control(fail_status=503, fail_retry_after=1, fail_count=4)
+        assert [plain_request(gw.url)[0] for _ in range(4)] == ["refused"] * 4
+        assert states(gw) == {up.url: "closed"}
+        assert plain_request(gw.url) == ("ok", "u")
+        up.control(fail_status=503, fail_retry_after=0, fail_count=4)  # no Retry-After: broken, ejected
+        for _ in range(2):
+            plain_request(gw.url)
+        assert states(gw) == {up.url: "open"}
+    finally:
+        if gw:
+            gw.stop()
+        up.stop()

@@ -103,5 +103,38 @@ def test_every_gateway_gauge_matches_its_state_during_and_after_traffic():
     finally:
         if gw:
             gw.stop()
-        slow.stop()
+        slow.kill()  # it still sleeps through the answers nobody reads
         flaky.stop()
+
+
+def test_a_client_that_leaves_before_its_answer_frees_its_slot_and_queue_place_at_once():
+    """A non-streamed request whose client hung up kept its admission slot (and the upstream generating for
+    nobody) until the answer was done, and a queued one kept its queue place until its turn or the queue
+    timeout: clients that connect, send and leave filled the queue, and everyone else got 503 queue_full."""
+    slow = start_upstream("slow", token_delay=0.5, tokens=40)  # a non-streamed answer: 20 s
+    gw = None
+    try:
+        gw = start_gateway({"models": [{"name": "m", "upstreams": [slow.url], "admission": {
+            "max_in_flight": 1, "max_queue": 2, "queue_timeout_s": 60}}]})
+
+        def leave_after(seconds: float) -> None:
+            with pytest.raises(httpx.TimeoutException):
+                httpx.post(gw.url + "/v1/completions", json={"model": "m", "prompt": "hi", "max_tokens": 40},
+                           timeout=seconds)
+
+        def depth() -> tuple[float, float]:
+            g = gauges(gw)
+            return metric(g, "argosy_gateway_in_flight", model="m"), metric(g, "argosy_gateway_queue_depth", model="m")
+
+        with cf.ThreadPoolExecutor(4) as ex:
+            left = [ex.submit(leave_after, 2.0) for _ in range(3)]  # one takes the slot, two queue
+            wait_for("one in flight, two queued", lambda: depth() == (1, 2), 5)
+            for f in left:
+                f.result()
+        wait_for("the slot and the queue freed", lambda: depth() == (0, 0), 3)
+        r = httpx.post(gw.url + "/v1/completions", json={"model": "m", "prompt": "hi", "max_tokens": 1}, timeout=10)
+        assert r.status_code == 200, r.text
+    finally:
+        if gw:
+            gw.stop()
+        slow.kill()  # it still sleeps through the answers nobody reads

@@ -4,6 +4,7 @@ first-byte and idle-read timeouts on proxied calls, and the bound on connections
 from __future__ import annotations
 
 import concurrent.futures as cf
+import json
 import socket
 import time
 from urllib.parse import urlsplit
@@ -106,6 +107,33 @@ def test_connections_to_an_upstream_are_bounded():
                                 range(6)))
         assert codes == [200] * 6  # the others waited for a connection
         assert up.max_open <= 2 + 1, up.max_open  # two for requests (+ the health check's own)
+    finally:
+        gw.stop()
+        up.stop()
+
+
+def test_a_client_body_that_stalls_is_cut_off():
+    """A head complete in time, then a body that stops (slow POST): the connection was held for ever, as a
+    slow-loris head was before request_header_timeout_s. Its body may not stall that long between reads
+    either; one that keeps trickling in is read to its end."""
+    up = FakeUpstream("ok")
+    gw = gateway_for(up, request_header_timeout_s=1.0)
+    p = urlsplit(gw.url)
+    body = json.dumps(BODY).encode()
+    head = b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
+    try:
+        with socket.create_connection((p.hostname, p.port), timeout=10) as s:
+            s.sendall(head % (len(body) + 100) + body)  # 100 bytes short, never sent
+            t0 = time.monotonic()
+            assert s.recv(65536) == b""  # closed by the gateway
+            assert 0.9 < time.monotonic() - t0 < 5
+        with socket.create_connection((p.hostname, p.port), timeout=10) as s:
+            s.sendall(head % len(body))
+            for i in range(0, len(body), 16):  # 0.6 s between pieces, longer than the timeout in all
+                time.sleep(0.6)
+                s.sendall(body[i:i + 16])
+            assert s.recv(65536).startswith(b"HTTP/1.1 200")
+        assert httpx.post(gw.url + "/v1/completions", json=BODY, timeout=30).status_code == 200
     finally:
         gw.stop()
         up.stop()

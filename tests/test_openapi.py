@@ -79,7 +79,7 @@ def gateway_routes() -> set[tuple[str, str]]:
 
     served = {(m, p.rstrip("/") or "/") for m, p in ROUTES}
     templates = {"/admin/keys/": {"DELETE": "/admin/keys/{name}", "POST": "/admin/keys/{name}/rotate"},
-                 "/dashboard/": {"GET": "/dashboard/{file}"},
+                 "/dashboard/": {"GET": "/dashboard/{file}"}, "/v1/models/": {"GET": "/v1/models/{model}"},
                  "/admin/rollouts/": {"GET": "/admin/rollouts/{model}", "POST": "/admin/rollouts/{model}/{action}"},
                  "/admin/shadow/": {"GET": "/admin/shadow/{model}"}}
     return served | {(m, templates[prefix][m]) for m, prefix, _ in PREFIX_ROUTES}

@@ -85,6 +85,20 @@ def test_malformed_json_and_non_object_bodies(server):
     _still_serves(server)
 
 
+def test_a_number_past_a_doubles_range_is_not_infinity(server):
+    """NaN and Infinity were 400s, but 1e999 (valid JSON) became an infinite temperature or repetition
+    penalty, which passed every range check and sampled garbage."""
+    for field in ("temperature", "repetition_penalty", "length_penalty"):
+        for number in ("1e999", "-1e999"):
+            raw = b'{"prompt": "Hi", "max_tokens": 2, "%s": %s}' % (field.encode(), number.encode())
+            r = httpx.post(server.base_url + "/completions", content=raw, headers={"content-type": "application/json"})
+            assert _error(r, 400)["code"] == "invalid_json", (field, number)
+    r = httpx.post(server.base_url + "/completions", content=b'{"prompt": "Hi", "max_tokens": 2, "temperature": 1e-9}',
+                   headers={"content-type": "application/json"})
+    assert r.status_code == 200, r.text
+    _still_serves(server)
+
+
 def test_unknown_model_is_404_model_not_found(client):
     with pytest.raises(openai.NotFoundError) as info:
         client.completions.create(model="no-such-model", prompt="Hi", max_tokens=2)

@@ -206,3 +206,18 @@ def test_a_long_prompt_is_tokenized_beside_the_engine_not_on_its_thread(tmp_path
 def client_ok(server) -> bool:
     r = httpx.post(server.base_url + "/completions", json={"model": MODEL_NAME, "prompt": "Hi", "max_tokens": 2})
     return r.status_code == 200
+
+
+def test_more_prompts_than_the_queue_admits_is_a_400_not_a_503(tiny_llama):
+    """A request of more prompts than --max-queue can never be admitted, however idle the server: it was a 503
+    "overloaded; retry later", which a gateway counts as its replica failing: a few such requests ejected
+    every replica of the model, and the model answered 503 to everyone."""
+    with ServerProcess(tiny_llama, "--max-queue", "2") as server, \
+            httpx.Client(base_url=server.base_url, timeout=30) as http:
+        r = http.post("/completions", json={"model": MODEL_NAME, "prompt": ["a", "b", "c"], "max_tokens": 1})
+        assert r.status_code == 400, r.text
+        err = r.json()["error"]
+        assert err["param"] == "prompt" and err["code"] == "too_many_prompts" and "--max-queue" in err["message"]
+        r = http.post("/completions", json={"model": MODEL_NAME, "prompt": ["a", "b"], "max_tokens": 1})
+        assert r.status_code == 200 and len(r.json()["choices"]) == 2
+        assert metric(server.metrics(), "vllm:num_requests_waiting") == 0

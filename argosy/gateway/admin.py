@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import ValidationError
 
 from argosy.config import KeyConfig
-from argosy.gateway.asgi import Receive, Scope, Send, bearer, respond_json
+from argosy.gateway.asgi import Receive, Scope, Send, bearer, header, respond_json
 from argosy.gateway.errors import GatewayError, bad_request, not_found
 from argosy.gateway.keys import KeyRecord
 from argosy.gateway.limits import parse_json, read_body
@@ -63,6 +63,31 @@ def _local_admin(gw: Gateway, scope: Scope, key: str | None) -> bool:
         and hmac.compare_digest(hashlib.sha256(key.encode()).digest(), local)
 
 
+def _host_of(netloc: str) -> str:
+    """The host of `host[:port]` (`[::1]:8000` included)."""
+    if netloc.startswith("["):
+        return netloc[1:netloc.find("]")] if "]" in netloc else netloc
+    return netloc.rsplit(":", 1)[0] if netloc.count(":") == 1 else netloc
+
+
+def _refuse_web_pages(scope: Scope) -> None:
+    """Open admin endpoints take no credential, so a web page the operator visits could call them: a form or
+    fetch() with a simple content type needs no CORS preflight (POST /admin/upstreams then sends the model's
+    prompts to the page's server), and a name the page rebinds to 127.0.0.1 makes it same-origin. A browser
+    names the page in Origin, and the name it connected to in Host: both must be this machine's loopback."""
+    host = header(scope, b"host")
+    origin = header(scope, b"origin")
+    host_s = host.decode("latin-1").strip() if host is not None else None
+    if host_s is not None and not is_loopback(_host_of(host_s)):
+        why = f"the Host header ({host_s!r}) is not a loopback address"
+    elif origin is not None and (origin.decode("latin-1").partition("://")[2] or "null") != (host_s or ""):
+        why = f"the request comes from the web page {origin.decode('latin-1')!r}"
+    else:
+        return
+    raise GatewayError(403, f"admin endpoints without an admin key answer only this machine's own clients: {why}",
+                       "permission_error", "admin_cross_origin")
+
+
 async def require_admin(gw: Gateway, scope: Scope) -> None:
     """The admin key (or the local admin credential from loopback), unless the gateway listens on loopback
     alone and has no keys at all."""
@@ -71,6 +96,7 @@ async def require_admin(gw: Gateway, scope: Scope) -> None:
         return
     if gw.keys.admin_hash is None:
         if gw.keys.empty and gw.loopback_only:
+            _refuse_web_pages(scope)
             return
         why = "the gateway listens beyond loopback" if not gw.loopback_only else "the fleet has API keys"
         raise GatewayError(403, f"admin endpoints need an admin key: {why}. On this machine `argosy keys` and "
@@ -161,8 +187,8 @@ async def rotate_key(gw: Gateway, scope: Scope, receive: Receive, send: Send) ->
 async def revoke_key(gw: Gateway, scope: Scope, receive: Receive, send: Send) -> None:
     await admin_body(gw, scope, receive)
     name = scope["path"].removeprefix("/admin/keys/")
-    if gw.keys.named(name) is None:
-        return await respond_json(send, 404, {"ok": False})
+    if gw.keys.named(name) is None:  # the error format, as rotate's: `argosy keys` had printed {"ok": false}
+        raise not_found(f"no key named {name!r}")
     if gw.key_sync is not None:
         await gw.key_sync.revoke(name)
     else:

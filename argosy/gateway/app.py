@@ -22,7 +22,7 @@ from argosy.cost.prices import load_prices
 from argosy.gateway import admin
 from argosy.gateway.accounting import account, key_class
 from argosy.gateway.admission import PRIORITY
-from argosy.gateway.asgi import Receive, Scope, Send, header, respond
+from argosy.gateway.asgi import Receive, Scope, Send, client_gone, header, respond
 from argosy.gateway.auth import Authenticator
 from argosy.gateway.bodies import ProxiedRequest
 from argosy.gateway.components import (
@@ -192,6 +192,9 @@ class Gateway:
                     await self.shutdown()
                     await send({"type": "lifespan.shutdown.complete"})
                     return
+        if scope["type"] == "websocket":  # no WebSocket routes: a 403, not uvicorn's 500 and an error log line
+            await send({"type": "websocket.close", "code": 1008})
+            return
         if scope["type"] != "http":
             return
         try:
@@ -226,12 +229,18 @@ class Gateway:
         if self.regions is not None and await serve_elsewhere(self, rt, req, key, scope, rq, t0, inbound, receive,
                                                               send):
             return
-        async with self.admitted(rt, key, scope, rq, req):
-            await self.wait_for_replica(rt, key)
-            call = rq.call = self.route(rt, req, key, scope, rq, t0)
-            if self.regions is not None:  # x-argosy-region; another region if every replica here fails
-                regional(self, call, rt, req, key, scope, inbound)
-            await self.forward(rt, call, key, req, receive, send)
+        # A client that leaves while its request is queued, or before a non-streamed answer, ends it: its
+        # queue place, admission slot and upstream request (the replica aborts it) are freed at once.
+        gone = asyncio.ensure_future(client_gone(receive))
+        try:
+            async with self.admitted(rt, key, scope, rq, req, gone):
+                await self.wait_for_replica(rt, key)
+                call = rq.call = self.route(rt, req, key, scope, rq, t0)
+                if self.regions is not None:  # x-argosy-region; another region if every replica here fails
+                    regional(self, call, rt, req, key, scope, inbound)
+                await self.forward(rt, call, key, req, gone, send)
+        finally:
+            gone.cancel()
         self.log_response(rt, call)
 
     async def authenticate(self, scope: Scope) -> KeyRecord | None:
@@ -286,7 +295,7 @@ class Gateway:
 
     @contextlib.asynccontextmanager
     async def admitted(self, rt: ModelRuntime, key: KeyRecord | None, scope: Scope, rq: GatewayRequest,
-                       req: ProxiedRequest) -> AsyncIterator[None]:
+                       req: ProxiedRequest, gone: asyncio.Future) -> AsyncIterator[None]:
         """Holds one of the model's admission slots (interactive before batch) for the block: released
         however the block ends (an answer, an error, a cancelled or disconnected client)."""
         prio = PRIORITY.get(key.priority if key else "interactive", 0)
@@ -295,7 +304,7 @@ class Gateway:
         span = rq.trace.child("gateway.admission", {"argosy.priority": prio}) if rq.trace else None
         rt.tokens_in_flight += req.estimate  # queued or admitted: what metric tokens scales on
         try:
-            waited = await rt.admission.acquire(prio)
+            waited = await unless_gone(rt.admission.acquire(prio), gone)
         except BaseException as e:
             rt.tokens_in_flight -= req.estimate
             if isinstance(e, GatewayError):
@@ -343,18 +352,18 @@ class Gateway:
                     gaps=[] if rt.recording and req.stream else None)
 
     async def forward(self, rt: ModelRuntime, call: Call, key: KeyRecord | None, req: ProxiedRequest,
-                      receive: Receive, send: Send) -> None:
+                      gone: asyncio.Future, send: Send) -> None:
         """Proxy the request; record the outcome (and, during a rollout, its sample for the analysis)."""
-        disconnected = asyncio.ensure_future(receive()) if call.stream else None
         try:
-            await self.proxy.forward(call, send, disconnected)
+            if call.stream:  # the stream checks `gone` between chunks
+                await self.proxy.forward(call, send, gone)
+            else:
+                await unless_gone(self.proxy.forward(call, send, None), gone)
         except GatewayError as e:
             self.m.rejections.labels(rt.name, e.code, key_class(key)).inc()
             call.status = e.status
             raise
         finally:
-            if disconnected is not None and not disconnected.done():
-                disconnected.cancel()
             self.m.requests.labels(rt.name, call.route, call.upstream, str(call.status), key_class(key)).inc()
             self.m.e2e.labels(rt.name, call.route, call.upstream).observe(time.monotonic() - call.t0)
             if call.shadow_out is not None and not call.shadow_out.done():
@@ -369,3 +378,22 @@ class Gateway:
         if rt.cfg.debug or self.log_content:
             log.info("response model=%s status=%s body=%s", rt.name, call.status,
                      b"".join(call.output)[:4000].decode(errors="replace"))
+
+
+async def unless_gone(aw, gone: asyncio.Future):
+    """What `aw` returns, unless the client disconnects first (`gone`): then `aw` is cancelled, which frees
+    what it holds (a queue place, an upstream connection: the replica aborts the request), and the request
+    ends with 499 client_disconnected (nobody reads it)."""
+    task = asyncio.ensure_future(aw)
+    try:
+        await asyncio.wait([task, gone], return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:
+        task.cancel()
+        raise
+    if not task.done():
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            return await task  # it may still finish: a slot handed over as it was cancelled is passed on
+        raise GatewayError(499, "the client closed the connection before its answer", "invalid_request_error",
+                           "client_disconnected")
+    return task.result()

@@ -41,6 +41,13 @@ async def read_body(receive: Receive) -> bytes:
             return b"".join(chunks)
 
 
+async def client_gone(receive: Receive) -> None:
+    """Returns when the client has disconnected; call it once the body has been read whole (ASGI then has
+    nothing more to give but `http.disconnect`)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
 async def respond(send: Send, status: int, body: bytes, ctype: bytes = JSON,
                   headers: list[tuple[bytes, bytes]] | None = None) -> None:
     h = headers or [(b"content-type", ctype)]

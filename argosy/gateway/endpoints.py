@@ -1,4 +1,5 @@
-"""The gateway's own small endpoints: /health, /v1/models, /metrics, /metrics/targets and /openapi.json."""
+"""The gateway's own small endpoints: /health, /v1/models (and /v1/models/{model}), /metrics, /metrics/targets
+and /openapi.json."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from argosy.gateway.admin import require_admin_beyond_loopback
 from argosy.gateway.asgi import PROMETHEUS_TEXT, Receive, Scope, Send, respond, respond_json
+from argosy.gateway.errors import GatewayError
 from argosy.observe.targets import http_sd
 
 if TYPE_CHECKING:
@@ -20,6 +22,17 @@ async def list_models(gw: Gateway, scope: Scope, receive: Receive, send: Send) -
     await gw.authenticate(scope)
     data = await gw.model_cards.cards(gw.models, gw.session)  # max_model_len, revision, kind (model_cards.py)
     await respond_json(send, 200, {"object": "list", "data": data})
+
+
+async def get_model(gw: Gateway, scope: Scope, receive: Receive, send: Send) -> None:
+    """GET /v1/models/{model}: OpenAI's retrieve (`client.models.retrieve`), the model's /v1/models card."""
+    await gw.authenticate(scope)
+    name = scope["path"][len("/v1/models/"):]  # a model name may hold slashes (org/name)
+    rt = gw.models.get(name)
+    if rt is None:
+        raise GatewayError(404, f"the model {name!r} does not exist", "not_found_error", "model_not_found", "model")
+    (card,) = await gw.model_cards.cards({name: rt}, gw.session)
+    await respond_json(send, 200, card)
 
 
 async def openapi(gw: Gateway, scope: Scope, receive: Receive, send: Send) -> None:

@@ -11,7 +11,7 @@ import json
 from typing import Any
 
 from argosy.gateway.errors import GatewayError
-from argosy.server.protocol import has_lone_surrogate
+from argosy.server.protocol import finite_float, has_lone_surrogate
 
 
 def too_large(limit: int) -> GatewayError:
@@ -50,7 +50,7 @@ def _no_constant(name: str) -> None:
 def parse_json(body: bytes, what: str = "the body") -> Any:
     """Strict JSON: 400 for invalid UTF-8 or JSON, NaN or Infinity, or nesting deeper than the parser goes."""
     try:
-        value = json.loads(body, parse_constant=_no_constant)
+        value = json.loads(body, parse_constant=_no_constant, parse_float=finite_float)
     except (ValueError, RecursionError) as e:  # UnicodeDecodeError is a ValueError
         why = "nested too deeply" if isinstance(e, RecursionError) else f"not valid JSON ({e})"
         raise GatewayError(400, f"{what} is {why}", "invalid_request_error", "invalid_json") from None

@@ -120,6 +120,11 @@ def document(models: list[str] | None = None, max_model_len: int = 1 << 20) -> d
             "/v1/models": {"get": {"summary": "the fleet's models", "responses": {
                 "200": ok("the model list"), "401": error("no or a wrong API key"),
                 "429": error("too many failed authentications (Retry-After)")}}},
+            "/v1/models/{model}": {"get": {"summary": "one model's card (OpenAI's retrieve)", "parameters": model,
+                                           "responses": {
+                                               "200": ok("the model"), "401": error("no or a wrong API key"),
+                                               "404": error("no such model"),
+                                               "429": error("too many failed authentications (Retry-After)")}}},
             "/health": {**public("the gateway is up"), "head": public("the gateway is up")["get"]},
             "/metrics": public("Prometheus metrics (argosy_gateway_*, argosy_fleet_*)", "text/plain"),
             "/metrics/targets": public("Prometheus HTTP service discovery of the replicas"),

@@ -154,7 +154,9 @@ class Proxy:
         try:
             if resp.status in RETRYABLE:
                 await resp.read()
-                if resp.status != 429:  # a 429 is a busy upstream, not a broken one
+                # A 429, or a 503 with Retry-After (a replica's full queue), is a busy upstream, not a broken one:
+                # counted as failures, a burst of large requests ejected every replica of the model.
+                if resp.status != 429 and not (resp.status == 503 and "retry-after" in resp.headers):
                     u.failure()
                 return False
             ctype = resp.headers.get("content-type", "application/json").encode()

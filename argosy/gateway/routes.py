@@ -49,6 +49,7 @@ ROUTES: dict[tuple[str, str], Handler] = {
     ("GET", "/admin/shadow"): rollout_api.shadow_report,
 }
 PREFIX_ROUTES: list[tuple[str, str, Handler]] = [  # a path under a folder: the handler reads the rest
+    ("GET", "/v1/models/", endpoints.get_model),
     ("DELETE", "/admin/keys/", admin.revoke_key),
     ("POST", "/admin/keys/", admin.rotate_key),
     ("GET", "/admin/rollouts/", rollout_api.get_rollout),

@@ -8,6 +8,7 @@ dict lookups.
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 from starlette.requests import Request
@@ -31,7 +32,7 @@ async def read_json_body(request: Request, max_bytes: int) -> dict[str, Any]:
             raise APIError(413, f"Request body is over the limit of {max_bytes} bytes.", code="request_too_large")
         parts.append(chunk)
     try:
-        body = json.loads(b"".join(parts), parse_constant=_no_constant)
+        body = json.loads(b"".join(parts), parse_constant=_no_constant, parse_float=finite_float)
     except (ValueError, UnicodeDecodeError) as exc:
         raise APIError.bad_request(f"The request body is not valid JSON: {exc}.", code="invalid_json") from None
     except RecursionError:  # nested deeper than the parser goes
@@ -68,6 +69,15 @@ def _no_constant(name: str) -> None:
     """NaN and Infinity are not JSON (RFC 8259), though Python's parser takes them: a NaN temperature
     would pass every range check."""
     raise ValueError(f"{name} is not a JSON value")
+
+
+def finite_float(text: str) -> float:
+    """A JSON number with a fraction or exponent; one past a double's range (1e999) is a 400 too, not the
+    infinity Python makes of it (an infinite temperature passed the range check)."""
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text[:40]} is out of a double's range")
+    return value
 
 
 def _type_name(value: Any) -> str:

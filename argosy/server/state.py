@@ -106,6 +106,10 @@ class ServerState:
             job.exception()  # retrieved here: nobody may await a job whose client left
 
     def admit(self, n: int) -> None:
+        if n > self.max_queue:  # never admitted, however idle the server: a 400, not a 503 to retry (a gateway
+            # counts a replica's 503 as a failure: a few such requests ejected every replica of the model)
+            raise APIError.bad_request(f"the request holds {n} prompts, more than this server admits at once "
+                                       f"({self.max_queue}, --max-queue)", "prompt", "too_many_prompts")
         if self.engine.num_waiting() + self.tokenizing + n > self.max_queue:
             raise APIError.overloaded(f"The server is overloaded ({self.max_queue} requests waiting); retry later.")
 
