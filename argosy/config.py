@@ -183,7 +183,7 @@ class RevisionConfig(_Strict):
 
 
 class ModelConfig(_Strict):
-    name: str
+    name: str = Field(min_length=1)
     # generate: chat and completions; embed: embeddings (and rerank by embedding similarity);
     # rerank: a cross-encoder. The gateway refuses an endpoint the kind does not serve (docs/components.md).
     kind: Literal["generate", "embed", "rerank"] = "generate"
@@ -335,11 +335,12 @@ class FleetConfig(_Strict):
     @model_validator(mode="after")
     def _unique(self) -> FleetConfig:
         check_regions(self.regions, self.models, self.keys, self.gateway.region)
-        seen: set[tuple[str, str]] = set()
-        for m in self.models:
-            if (m.name, m.revision) in seen:
-                raise ValueError(f"model {m.name!r} revision {m.revision!r} appears twice")
-            seen.add((m.name, m.revision))
+        seen: set[str] = set()
+        for m in self.models:  # the gateway and the controller hold models by name: a second one replaced the first
+            if m.name in seen:
+                raise ValueError(f"model {m.name!r} appears twice (one model's revisions go in its `revisions`, "
+                                 "or `traffic` for upstreams)")
+            seen.add(m.name)
         names = [k.name for k in self.keys]
         if len(names) != len(set(names)):
             raise ValueError("key names must be unique")
@@ -383,15 +384,40 @@ def parse_fleet(data: Any, source: str = "<fleet>") -> FleetConfig:
         raise FleetConfigError(f"{source}: invalid fleet file:\n" + "\n".join(lines)) from None
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """yaml.safe_load's loader, but a key given twice in one mapping is an error: YAML keeps the last, so a
+    section written twice (two `models:`, two `autoscaling:` in a model) dropped the first without a word.
+    Merge keys (`<<: *anchor`) still override what they merge."""
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            seen = set()
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=deep)
+                try:
+                    twice = key in seen
+                    seen.add(key)
+                except TypeError:  # an unhashable key: SafeConstructor says so below
+                    continue
+                if twice:
+                    raise yaml.constructor.ConstructorError(
+                        "while reading a mapping", node.start_mark, f"{key!r} given twice", key_node.start_mark)
+        return super().construct_mapping(node, deep=deep)
+
+
 def load_fleet(path: str | Path) -> FleetConfig:
     """Read and validate a fleet file; an empty file is a valid (all-defaults) fleet."""
     p = Path(path)
     try:
-        data = yaml.safe_load(p.read_text())
+        data = yaml.load(p.read_text(), Loader=_UniqueKeyLoader)
     except yaml.YAMLError as e:
         raise FleetConfigError.from_yaml(p, e) from None
     except OSError as e:
         raise FleetConfigError(f"{p}: {e.strerror or e}") from None
+    except UnicodeDecodeError as e:
+        raise FleetConfigError(f"{p}: not UTF-8 text ({e.reason} at byte {e.start})") from None
     fleet = parse_fleet(data, str(p))
     pepper = fleet.gateway.key_pepper_file
     if pepper is not None and not Path(pepper).expanduser().is_absolute():  # relative to the fleet file

@@ -45,3 +45,22 @@ def test_two_models_scaled_independently(tiny_llama):
                 client.completions.create(model="absent", prompt="Hello", max_tokens=4)
     finally:
         assert serve.stop() is not None
+
+
+def test_first_request_to_an_unplaceable_model_at_zero_is_refused_at_once(tiny_llama):
+    # A model at zero whose replica cannot be placed anywhere: its first request used to be held for the
+    # whole cold_start_timeout_s (the placement was first tried after the request arrived), not 503 at once.
+    fleet = tiny_fleet(tiny_llama, min_replicas=0, max_replicas=1, cold_start_timeout_s=60)
+    fleet["nodes"] = [{"name": "small", "provider": "local", "memory_gib": 1}]
+    fleet["models"][0]["engine"]["kv_cache_memory_gib"] = 8  # more than the node's RAM
+    serve = Serve(fleet)
+    try:
+        for _ in range(2):  # the first (which triggers the placement) and the next
+            t0 = time.monotonic()
+            r = httpx.post(serve.url + "/v1/completions", json={"model": "tiny", "prompt": "Hi", "max_tokens": 2},
+                           timeout=90)
+            assert time.monotonic() - t0 < 10, "held for the cold start of a replica that cannot be placed"
+            assert r.status_code == 503 and r.json()["error"]["code"] == "unplaceable", r.text
+            assert r.headers["retry-after"] == "30"
+    finally:
+        assert serve.stop() is not None

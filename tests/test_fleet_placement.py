@@ -188,12 +188,12 @@ def _check(tmp_path, fleet: dict) -> tuple[int, str, str]:
 
     import yaml
 
+    from argosy.engine.random_model import make_random_model
     from argosy.fleet.status import run_config
 
-    ckpt = tmp_path / "ckpt"
-    ckpt.mkdir(exist_ok=True)
-    (ckpt / "config.json").write_text(json.dumps({"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-                                                  "num_attention_heads": 4, "vocab_size": 256}))
+    ckpt = tmp_path / "ckpt"  # a checkpoint `argosy serve` would start (config check refuses what it would not)
+    if not (ckpt / "config.json").exists():
+        make_random_model(ckpt, size="tiny", vocab_size=256)
     for m in fleet.get("models", []):
         m.setdefault("checkpoint", str(ckpt))
     f = tmp_path / "fleet.yaml"

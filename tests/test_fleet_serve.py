@@ -161,3 +161,39 @@ def test_ctrl_c_leaves_no_process_behind(serve, ckpt):
         time.sleep(0.2)
     assert engine_pids(ckpt) == []
     assert any("argosy serve: stopped" in line for line in serve.lines)
+
+
+def test_a_second_ctrl_c_ends_at_once_with_no_traceback_and_no_process_behind(ckpt):
+    s = Serve(tiny_fleet(ckpt, min_replicas=1, max_replicas=1))
+    try:
+        s.wait_for("a replica", lambda st: len(ready(st)) == 1)
+        assert engine_pids(ckpt)
+        t0 = time.monotonic()
+        s.proc.send_signal(signal.SIGINT)
+        time.sleep(0.05)
+        rc = s.stop(signal.SIGINT)  # the second, before the shutdown began: replicas are SIGKILLed at exit
+        assert rc in (130, -signal.SIGINT) and time.monotonic() - t0 < 5, (rc, s.lines[-20:])
+        deadline = time.monotonic() + 5
+        while engine_pids(ckpt) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert engine_pids(ckpt) == []
+        # had been uvicorn's "Exception in 'lifespan' protocol" error with the CancelledError's traceback
+        assert not [line for line in s.lines if "Traceback" in line or '"level": "error"' in line], s.lines[-20:]
+    finally:
+        s.stop()
+
+
+def test_a_replica_killed_by_a_signal_is_reported_as_such(ckpt):
+    # The failure's detail had been only the replica's last output line, "argosy engine: ready, serving ...",
+    # in `argosy status` and the replica_failed log: nothing said it was killed (an OOM kill looks the same).
+    s = Serve(tiny_fleet(ckpt, min_replicas=1, max_replicas=1))
+    try:
+        victim = ready(s.wait_for("a replica", lambda st: len(ready(st)) == 1))[0]
+        pids = engine_pids(ckpt)
+        assert len(pids) == 1
+        os.kill(pids[0], signal.SIGKILL)
+        st = s.wait_for("the failure and a replacement", lambda st: st["recent_failures"]
+                        and any(r["id"] != victim["id"] for r in ready(st)))
+        assert "exited (killed by SIGKILL): " in st["recent_failures"][0]["detail"], st["recent_failures"]
+    finally:
+        s.stop()

@@ -304,3 +304,51 @@ def test_shadow_agreement_of_the_builtin_model_and_random_weights_of_its_shape_i
         admin(s, "POST", "/admin/rollouts/tiny/abort")
     finally:
         s.stop()
+
+
+def test_rollout_commands_use_the_local_admin_credential_once_the_fleet_has_keys(tiny_llama, tmp_path):
+    # A fleet with a user key and no admin key: /admin/* then takes only the local admin credential that
+    # `argosy serve` writes, which `argosy status` and `argosy keys` use; `argosy rollout` sent nothing (401).
+    from argosy.gateway.keys import new_key
+
+    _, key_hash = new_key()
+    fleet = rollout_fleet(tiny_llama, [{"name": "v1"}, {"name": "v2"}], {}, str(tmp_path / "state.json"),
+                          min_replicas=0)
+    fleet["keys"] = [{"name": "team", "hash": key_hash}]
+    s = Serve(fleet)
+    try:
+        assert httpx.get(s.url + "/admin/rollouts/tiny", timeout=10).status_code in (401, 403)
+        cli = subprocess.run([sys.executable, "-m", "argosy.cli", "rollout", "status", "tiny", "--url", s.url],
+                             capture_output=True, text=True, cwd=ROOT, timeout=60)
+        assert cli.returncode == 0, cli.stderr
+        assert "stable v1; split v1 100%" in cli.stdout
+    finally:
+        s.stop()
+
+
+def test_status_and_rollout_reach_a_gateway_on_every_address_through_loopback(tiny_llama, tmp_path):
+    # `gateway.host: 0.0.0.0` (what a server runs): the local admin credential names http://0.0.0.0:PORT, and
+    # `argosy status --url http://127.0.0.1:PORT` (or the default URL) had not sent it: 403, locked out.
+    from argosy.gateway.keys import new_key
+
+    _, key_hash = new_key()
+    fleet = rollout_fleet(tiny_llama, [{"name": "v1"}, {"name": "v2"}], {}, str(tmp_path / "state.json"),
+                          min_replicas=0)
+    fleet["keys"] = [{"name": "team", "hash": key_hash}]
+    fleet["gateway"]["host"] = "0.0.0.0"
+    s = Serve(fleet)
+    try:
+        local = "http://127.0.0.1:" + s.url.rsplit(":", 1)[1]
+        for command in (["status"], ["rollout", "status"]):
+            cli = subprocess.run([sys.executable, "-m", "argosy.cli", *command, "--url", local],
+                                 capture_output=True, text=True, cwd=ROOT, timeout=60)
+            assert cli.returncode == 0, cli.stderr
+            assert "model tiny" in cli.stdout
+        keys = [sys.executable, "-m", "argosy.cli", "keys"]
+        cli = subprocess.run([*keys, "list", "--url", local], capture_output=True, text=True, cwd=ROOT, timeout=60)
+        assert cli.returncode == 0 and "team" in cli.stdout, cli.stderr  # had been 403 as well
+        cli = subprocess.run([*keys, "revoke", "nobody", "--url", local], capture_output=True, text=True, cwd=ROOT,
+                             timeout=60)
+        assert cli.returncode == 2 and "no key named 'nobody'" in cli.stderr  # had printed {"ok": false}
+    finally:
+        s.stop()

@@ -198,9 +198,7 @@ class ModelController(ReplicaSet):
         """Hold a request while the model has no live upstream but a replica is (or will be) starting."""
         if self.routes.has_live_upstream():
             return
-        if self.unplaceable and not self.replicas:
-            raise unavailable(f"model {self.name!r} has no replica and none can be placed: {self.unplaceable}",
-                              "unplaceable", retry_after=30.0)
+        self._refuse_if_unplaceable()
         starting = self.expecting > 0 or any(r.state in (STARTING, WARMING) for r in self.replicas.values())
         if self.ready_routed() and not starting:
             return  # replicas exist but are ejected: the proxy answers (503) as before
@@ -209,6 +207,7 @@ class ModelController(ReplicaSet):
         deadline = self.clock() + self.a.cold_start_timeout_s
         try:
             while not self.routes.has_live_upstream():
+                self._refuse_if_unplaceable()  # the launch this request woke up found no room
                 left = deadline - self.clock()
                 if left <= 0:
                     raise unavailable(f"model {self.name!r}: no replica became ready within "
@@ -218,6 +217,11 @@ class ModelController(ReplicaSet):
                     await asyncio.wait_for(self.routed.wait(), min(left, 1.0))
         finally:
             self.held -= 1
+
+    def _refuse_if_unplaceable(self) -> None:
+        if self.unplaceable and not self.replicas:
+            raise unavailable(f"model {self.name!r} has no replica and none can be placed: {self.unplaceable}",
+                              "unplaceable", retry_after=30.0)
 
     def status(self) -> dict:
         load = self.routes.admission_load()

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import signal
 import time
 from collections import deque
 from collections.abc import Callable
@@ -27,6 +28,21 @@ from argosy.server.auth import API_KEY_ENV
 
 log = logging.getLogger("argosy.fleet")
 MAX_BACKOFF_S = 30.0
+
+
+def how_it_ended(r: Replica) -> str:
+    """' (killed by SIGKILL)' or ' (exit status 1)' where the provider's handle is a process, else ''. The
+    detail after it is only the replica's last output line, which reads as if nothing went wrong
+    ('argosy engine: ready, serving ...') when the kernel's OOM killer or an operator ended it."""
+    code = getattr(r.handle, "returncode", None)
+    if not isinstance(code, int):
+        return ""
+    if code >= 0:
+        return f" (exit status {code})"
+    try:
+        return f" (killed by {signal.Signals(-code).name})"
+    except ValueError:
+        return f" (killed by signal {-code})"
 
 
 class ReplicaSet:
@@ -146,7 +162,7 @@ class ReplicaSet:
             while not await self._is_ready(r):
                 if not self.provider.alive(r):
                     await self.provider.wait(r)  # it has ended: a provider may raise why (out of memory)
-                    raise RuntimeError(f"exited while warming: {r.detail}")
+                    raise RuntimeError(f"exited while warming{how_it_ended(r)}: {r.detail[-200:]}")
                 await asyncio.sleep(0.25)
             r.state, r.ready_at = READY, self.clock()
             self.failures[r.revision] = 0
@@ -159,7 +175,7 @@ class ReplicaSet:
                 self.on_replica(r, READY)
             await self.provider.wait(r)
             if r.state == READY:
-                raise RuntimeError(f"exited: {r.detail}")
+                raise RuntimeError(f"exited{how_it_ended(r)}: {r.detail[-200:]}")
         except asyncio.CancelledError:
             raise
         except Exception as e:

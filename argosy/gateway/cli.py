@@ -77,7 +77,7 @@ def bind(fleet, args: argparse.Namespace, prog: str) -> tuple[socket.socket, str
         return None
     try:  # keys hashed with a pepper this gateway cannot find: one line now, not 401 for every key later
         KeyStore.from_fleet(fleet)
-    except PepperError as e:
+    except (PepperError, ValueError) as e:  # ValueError: a hash that is none (an example's "scrypt:...")
         print(f"{prog}: {e}", file=sys.stderr)
         return None
     # The shared step of `argosy gateway` and `argosy serve` before their app exists: logs and traces too.

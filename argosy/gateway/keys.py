@@ -173,7 +173,8 @@ class KeyStore:
     def add(self, k: KeyRecord) -> None:
         kid = hash_id(k.hash)
         if kid is None:
-            raise ValueError(f"key {k.name!r}: hash is not an argosy key hash")
+            raise ValueError(f"key {k.name!r}: its hash is not an argosy key hash (keys are made with "
+                             "`argosy keys add NAME --config FLEET_FILE`, which writes the hash)")
         self.by_id[kid] = k
 
     def mint(self) -> tuple[str, str]:

@@ -83,7 +83,7 @@ def _gateway(args) -> tuple[str, dict[str, str]]:
     if not url:
         raise KeysError("no running gateway found: start one with `argosy serve`, pass --url URL, "
                         "or change a fleet file with --config FILE --offline")
-    key = args.admin_key or (cred["key"] if cred and (not args.url or cred.get("url") == args.url) else None)
+    key = args.admin_key or local_admin.key_for(url)  # a gateway on 0.0.0.0 reached as 127.0.0.1 too
     return url.rstrip("/"), ({"authorization": f"Bearer {key}"} if key else {})
 
 

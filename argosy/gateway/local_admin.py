@@ -11,6 +11,7 @@ import json
 import os
 import secrets
 from pathlib import Path
+from urllib.parse import urlsplit
 
 
 def credential_path() -> Path:
@@ -42,3 +43,23 @@ def read() -> dict | None:
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) and isinstance(data.get("key"), str) else None
+
+
+def key_for(url: str) -> str | None:
+    """The credential's key when `url` is the gateway that wrote it: its own URL, or the same scheme and port
+    on a loopback address when it listens on loopback or on every address (a gateway on 0.0.0.0 writes
+    http://0.0.0.0:PORT, and is reached as 127.0.0.1:PORT). None otherwise: a key is not sent elsewhere."""
+    from argosy.gateway.admin import is_loopback
+
+    cred = read()
+    if cred is None:
+        return None
+    if cred.get("url", "").rstrip("/") == url.rstrip("/"):
+        return cred["key"]
+    written, asked = urlsplit(cred.get("url", "")), urlsplit(url)
+    try:
+        same_port = written.port is not None and (written.scheme, written.port) == (asked.scheme, asked.port)
+    except ValueError:  # a port that is no number
+        return None
+    listens_here = is_loopback(written.hostname or "") or written.hostname in ("0.0.0.0", "::")
+    return cred["key"] if same_port and listens_here and is_loopback(asked.hostname or "") else None

@@ -25,7 +25,8 @@ def add_rollout_arguments(p: argparse.ArgumentParser) -> None:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--url", default="http://127.0.0.1:8000", help="the gateway of a running `argosy serve`")
     common.add_argument("--admin-key", default=os.environ.get("ARGOSY_ADMIN_KEY"),
-                        help="admin key, when the fleet has keys (default: $ARGOSY_ADMIN_KEY)")
+                        help="admin key, when the fleet has keys (default: $ARGOSY_ADMIN_KEY, or the local admin "
+                        "credential of the `argosy serve` at --url on this machine)")
     common.add_argument("--json", action="store_true", help="print the raw JSON")
     sub = p.add_subparsers(dest="rollout_command", required=True)
     s = sub.add_parser("start", parents=[common], help="roll MODEL out to a revision of the fleet file")
@@ -54,8 +55,18 @@ class AdminError(Exception):
     pass
 
 
+def admin_key(args: argparse.Namespace) -> str | None:
+    """--admin-key or $ARGOSY_ADMIN_KEY, else the local admin credential of the `argosy serve` at --url on
+    this machine (as `argosy status` and `argosy keys`): a fleet with user keys and no admin key set has
+    no other admin credential."""
+    from argosy.gateway import local_admin
+
+    return args.admin_key or local_admin.key_for(args.url)
+
+
 def call(args: argparse.Namespace, method: str, path: str, body: dict | None = None) -> Any:
-    headers = {"authorization": f"Bearer {args.admin_key}"} if args.admin_key else {}
+    key = admin_key(args)
+    headers = {"authorization": f"Bearer {key}"} if key else {}
     try:
         r = httpx.request(method, args.url.rstrip("/") + path, json=body, headers=headers, timeout=30)
     except httpx.HTTPError as e:

@@ -48,6 +48,9 @@ class FileStore:
             data = json.loads(self.path.read_text())
         except FileNotFoundError:
             return {"models": {}}
+        except OSError as e:  # its folder is a file, no permission
+            raise ValueError(f"{self.path}: the rollout state file cannot be read ({e.strerror or e}); set "
+                             "state_file in the fleet file to a path this process can write") from None
         except ValueError as e:
             raise ValueError(f"{self.path}: the rollout state file is not valid JSON ({e}); move it away to "
                              "start from the fleet file's revisions") from None
@@ -72,6 +75,10 @@ class FileStore:
                 os.fsync(dfd)
             finally:
                 os.close(dfd)
+
+    def check(self) -> None:
+        """Raises ValueError, in words, when the file is there but cannot be read as a state file."""
+        self._read()
 
     async def load(self, model: str) -> dict[str, Any] | None:
         async with self.lock:
