@@ -112,3 +112,51 @@ def test_bad_spec_is_an_invalid_request_before_queueing(llm):
         llm.engine.add_request("r", "Hello", SamplingParams(
             structured_outputs=StructuredOutputsParams(json={"type": "nope"})))
     assert "r" not in llm.engine.requests
+
+
+def test_a_grammar_queued_for_a_request_that_left_is_not_compiled(llm, monkeypatch):
+    release, compiled = threading.Event(), []
+    original = GrammarCompiler._compile
+
+    def counted(self, grammar):
+        assert release.wait(60)
+        compiled.append(str(grammar))
+        return original(self, grammar)
+
+    monkeypatch.setattr(GrammarCompiler, "_compile", counted)
+    engine = llm.engine
+    engine.grammars = None
+    first = {**SCHEMA, "properties": {**SCHEMA["properties"], "first_only": {"type": "null"}}}
+    second = {**SCHEMA, "properties": {**SCHEMA["properties"], "second_only": {"type": "null"}}}
+    for rid, schema in (("busy", first), ("left", second), ("same", second)):  # one compile thread: queued
+        engine.add_request(rid, "Hello", SamplingParams(max_tokens=4, structured_outputs=StructuredOutputsParams(
+            json=schema)))
+    queued = engine.requests["left"][0].grammar.future
+    engine.abort_request("left")
+    assert not queued.cancelled()  # "same" still waits for it
+    engine.abort_request("same")
+    assert queued.cancelled()  # nobody does: it is never compiled (a client that left had kept it queued)
+    release.set()
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert len(compiled) == 1 and "first_only" in compiled[0]
+    again = engine.grammars.compile(StructuredOutputsParams(json=second))  # asked again: compiled anew
+    assert again is not queued and again.result(60) is not None
+    engine.grammars = None
+
+
+def test_a_schema_nested_past_the_limit_is_refused_before_compiling():
+    from argosy.engine.structured.params import MAX_SCHEMA_DEPTH, StructuredOutputsError
+
+    def nested(levels: int) -> dict:
+        schema: dict = {"type": "integer"}
+        for _ in range(levels):  # 4 JSON levels each: 240 of them had taken 10 s of a core to compile
+            branch = {"type": "object", "properties": {"a": schema}, "required": ["a"]}
+            schema = {"anyOf": [branch, {"type": "integer"}]}
+        return schema
+
+    assert StructuredOutputsParams(json=nested(15)).to_grammar() is not None  # 61 levels
+    with pytest.raises(StructuredOutputsError, match=f"nested 65 levels deep; at most {MAX_SCHEMA_DEPTH}"):
+        StructuredOutputsParams(json=nested(16)).to_grammar()
+    with pytest.raises(StructuredOutputsError, match="nested 961 levels deep"):
+        StructuredOutputsParams(json=nested(240)).to_grammar()

@@ -131,11 +131,17 @@ class LLMEngine:
         return token_ids
 
     def abort_request(self, request_id: str) -> None:
-        for seq in self.requests.pop(request_id, []):
+        seqs = self.requests.pop(request_id, [])
+        for seq in seqs:
             if not seq.finished:
                 self.scheduler.finish(seq, SequenceStatus.FINISHED_ABORTED)
         self.prompts.pop(request_id, None)
         self.final_only.discard(request_id)
+        compiling = {id(s.grammar.future): s.grammar.future for s in seqs
+                     if s.grammar is not None and not s.grammar.future.done()}
+        for future in compiling.values():  # a grammar queued for nobody else is not compiled
+            if not any(not s.finished and s.grammar.future is future for s in self._compiling):
+                self.grammars.drop(future)
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)

@@ -63,7 +63,7 @@ class GrammarCompiler:
     def compile(self, params: StructuredOutputsParams) -> Future:
         key = params.key()
         future = self._cache.get(key)
-        if future is not None and not (future.done() and future.exception() is not None):
+        if future is not None and not (future.done() and (future.cancelled() or future.exception() is not None)):
             self._cache.move_to_end(key)
             return future
         grammar = params.to_grammar()  # raises StructuredOutputsError here, on the caller's thread (cached)
@@ -72,6 +72,13 @@ class GrammarCompiler:
         while len(self._cache) > CACHE_SIZE:
             self._cache.popitem(last=False)
         return future
+
+    def drop(self, future: Future) -> None:
+        """No request waits for `future` any more: if it has not started compiling, it never will (a client
+        that left had kept its compile queued for the requests behind it), and its spec compiles anew."""
+        if future.cancel():
+            for key in [k for k, f in self._cache.items() if f is future]:
+                del self._cache[key]
 
     def _compile(self, grammar: Any) -> Any:
         import xgrammar as xgr

@@ -20,6 +20,10 @@ from argosy.engine.errors import InvalidRequestError
 # spend its whole budget on blank lines (vLLM added disable_any_whitespace for that). Set
 # disable_any_whitespace=False to allow whitespace between tokens, vLLM's default.
 _KINDS = ("json", "json_object", "regex", "choice", "grammar", "structural_tag")
+# The grammar engine's compile time grows about as the cube of a schema's nesting: 240 levels of nested
+# anyOf took 10 s of a core, and a few such requests slowed everyone's tokens 10-30x. Real schemas (and
+# pydantic's, which nest through $defs) stay far below; OpenAI's strict mode allows 10 levels of objects.
+MAX_SCHEMA_DEPTH = 64  # JSON nesting of the schema document itself
 _ENGINE_NOISE = re.compile(r"^\[[\d:. ]+\] \S+:\d+: (Check failed: \(.*?\) is false: )?")
 
 
@@ -46,6 +50,8 @@ class StructuredOutputsParams:
             what = "none" if not given else ", ".join(given)
             raise StructuredOutputsError(
                 f"exactly one of {', '.join(_KINDS)} must be set for structured outputs, got {what}", self.param)
+        if isinstance(self.json, dict):  # before key() writes it out (a deep one is a RecursionError there)
+            _check_nesting(self.json, self.param)
 
     @property
     def kind(self) -> str:
@@ -88,6 +94,24 @@ def _grammar(key: tuple, param: str) -> Any:
     return _json_safe(grammar) if key[0] in ("json", "json_object", "structural_tag") else grammar
 
 
+def _check_nesting(schema: Any, param: str) -> None:
+    depth = _nesting(schema)
+    if depth > MAX_SCHEMA_DEPTH:
+        raise StructuredOutputsError(f"the JSON schema is nested {depth} levels deep; at most {MAX_SCHEMA_DEPTH} "
+                                     "are compiled (name repeated parts in $defs)", param)
+
+
+def _nesting(value: Any) -> int:
+    """How deep objects and arrays nest in a parsed JSON value (iterative: no recursion limit to hit)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict | list):
+            deepest = max(deepest, depth)
+            stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return deepest
+
+
 def _build(key: tuple, param: str) -> Any:
     import xgrammar as xgr
 
@@ -97,6 +121,7 @@ def _build(key: tuple, param: str) -> Any:
             schema = json.loads(value) if isinstance(value, str) else value
             if not isinstance(schema, dict):
                 raise StructuredOutputsError("the JSON schema must be an object", param)
+            _check_nesting(schema, param)
             return xgr.Grammar.from_json_schema(json.dumps(schema), any_whitespace=not no_whitespace)
         if kind == "json_object":  # any object; strict mode off, or {"type": "object"} would only allow {}
             return xgr.Grammar.from_json_schema('{"type": "object"}', any_whitespace=not no_whitespace,
