@@ -64,3 +64,30 @@ def test_first_request_to_an_unplaceable_model_at_zero_is_refused_at_once(tiny_l
             assert r.headers["retry-after"] == "30"
     finally:
         assert serve.stop() is not None
+
+
+def test_a_client_that_leaves_during_a_cold_start_is_not_held_for_it(tiny_llama, tmp_path):
+    # The replica's interpreter starts 30 s late (a wrapper that sleeps): the first request is held for it.
+    import sys
+
+    slow = tmp_path / "slow-python"
+    slow.write_text(f"#!/bin/sh\nsleep 30\nexec {sys.executable} \"$@\"\n")
+    slow.chmod(0o755)
+    fleet = tiny_fleet(tiny_llama, min_replicas=0, max_replicas=1, cold_start_timeout_s=60)
+    fleet["providers"] = {"local": {"python": str(slow)}}
+    serve = Serve(fleet)
+
+    def held() -> int:
+        return httpx.get(serve.url + "/admin/fleet", timeout=10).json()["models"][0]["held"]
+
+    try:
+        with pytest.raises(httpx.ReadTimeout):  # the client gives up after 2 s and closes its connection
+            httpx.post(serve.url + "/v1/completions", json={"model": "tiny", "prompt": "Hi", "max_tokens": 2},
+                       timeout=2)
+        deadline = time.monotonic() + 3
+        while held():  # had stayed held until the replica was up, 30 s on
+            assert time.monotonic() < deadline, "a request whose client left is still held for the cold start"
+            time.sleep(0.2)
+        assert serve.proc.poll() is None
+    finally:
+        assert serve.stop() is not None

@@ -234,7 +234,7 @@ class Gateway:
         gone = asyncio.ensure_future(client_gone(receive))
         try:
             async with self.admitted(rt, key, scope, rq, req, gone):
-                await self.wait_for_replica(rt, key)
+                await unless_gone(self.wait_for_replica(rt, key), gone)  # a cold start too
                 call = rq.call = self.route(rt, req, key, scope, rq, t0)
                 if self.regions is not None:  # x-argosy-region; another region if every replica here fails
                     regional(self, call, rt, req, key, scope, inbound)
