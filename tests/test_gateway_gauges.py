@@ -138,3 +138,21 @@ def test_a_client_that_leaves_before_its_answer_frees_its_slot_and_queue_place_a
         if gw:
             gw.stop()
         slow.kill()  # it still sleeps through the answers nobody reads
+
+
+def test_a_stream_whose_client_leaves_before_its_first_token_frees_its_slot_at_once():
+    """A long prefill (or the replica's queue): the stream's first chunk is 20 s away. Its client had been
+    noticed gone only when that chunk came, holding the slot and the upstream request until then."""
+    slow = start_upstream("slow", ttft=20, tokens=4)
+    gw = None
+    try:
+        gw = start_gateway({"models": [{"name": "m", "upstreams": [slow.url], "admission": {"max_in_flight": 1}}]})
+        with pytest.raises(httpx.TimeoutException):
+            with httpx.stream("POST", gw.url + "/v1/completions", timeout=1.5,
+                              json={"model": "m", "prompt": "hi", "max_tokens": 4, "stream": True}) as r:
+                r.read()
+        wait_for("the slot freed", lambda: metric(gauges(gw), "argosy_gateway_in_flight", model="m") == 0, 3)
+    finally:
+        if gw:
+            gw.stop()
+        slow.kill()  # it still sleeps towards the first token nobody reads

@@ -42,7 +42,8 @@ from argosy.gateway.limits import read_body
 from argosy.gateway.metrics import GatewayMetrics
 from argosy.gateway.model_cards import ModelCards
 from argosy.gateway.prefix_index import PrefixIndex
-from argosy.gateway.proxy import Call, Proxy
+from argosy.gateway.proxy import Call, ClientGone, Proxy
+from argosy.gateway.proxy import unless_gone as proxy_unless_gone
 from argosy.gateway.ratelimit import MemoryLimiter, RedisLimiter
 from argosy.gateway.regions.exchange import RegionExchange
 from argosy.gateway.regions.forwarding import regional, serve_elsewhere
@@ -381,19 +382,10 @@ class Gateway:
 
 
 async def unless_gone(aw, gone: asyncio.Future):
-    """What `aw` returns, unless the client disconnects first (`gone`): then `aw` is cancelled, which frees
-    what it holds (a queue place, an upstream connection: the replica aborts the request), and the request
-    ends with 499 client_disconnected (nobody reads it)."""
-    task = asyncio.ensure_future(aw)
+    """What `aw` returns, unless the client disconnects first (proxy.unless_gone): then the request ends
+    with 499 client_disconnected (nobody reads it)."""
     try:
-        await asyncio.wait([task, gone], return_when=asyncio.FIRST_COMPLETED)
-    except BaseException:
-        task.cancel()
-        raise
-    if not task.done():
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            return await task  # it may still finish: a slot handed over as it was cancelled is passed on
+        return await proxy_unless_gone(aw, gone)
+    except ClientGone:
         raise GatewayError(499, "the client closed the connection before its answer", "invalid_request_error",
-                           "client_disconnected")
-    return task.result()
+                           "client_disconnected") from None

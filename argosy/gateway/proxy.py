@@ -9,6 +9,7 @@ Streamed chunks pass through as received (no re-encoding) unless output guardrai
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -27,6 +28,32 @@ from argosy.observe.tracing import mark_first_token, set_http_status
 
 log = logging.getLogger("argosy.gateway")
 RETRYABLE = {429, 500, 502, 503, 504}
+
+
+class ClientGone(Exception):
+    """The user disconnected before its answer (see unless_gone)."""
+
+
+async def unless_gone(aw, disconnected: asyncio.Future | None):
+    """`aw`'s result, or ClientGone (with `aw` cancelled, which frees what it holds) if the user disconnects
+    first: for the admission queue, a cold start, and an upstream call up to its (first) bytes. A stream's
+    later chunks come a few ms apart, and `_stream` checks between them, with no task per chunk."""
+    task = asyncio.ensure_future(aw)
+    if disconnected is None:
+        return await task
+    try:
+        await asyncio.wait([task, disconnected], return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:
+        task.cancel()
+        raise
+    if not task.done():
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            # It finished as it was cancelled (a slot handed over, a response head): the caller's to use
+            # and release, as if the user were still there.
+            return await task
+        raise ClientGone
+    return task.result()
 DONE = b"data: [DONE]\n\n"
 JSON_HEADERS = {"content-type": "application/json"}
 
@@ -142,10 +169,12 @@ class Proxy:
         """True when the user got an answer; False to retry elsewhere (nothing was sent yet)."""
         headers = call.headers if span is None else call.trace.inject(span, call.headers)
         t_sent = time.monotonic()
-        if u.url.startswith("http://"):
-            resp = await self.client.post(u.url + call.path, call.body, headers)
-        else:
-            resp = await self._post_https(u.url + call.path, call.body, headers)
+        post = self.client.post if u.url.startswith("http://") else self._post_https
+        try:  # a replica may send a stream's head only with its first token: the user may leave before either
+            resp = await unless_gone(post(u.url + call.path, call.body, headers), disconnected)
+        except ClientGone:
+            call.status = 499
+            return True  # nobody to answer; the cancelled request's connection is closed: the upstream aborts
         if span is not None:
             set_http_status(span, resp.status)
         rid = [(b"x-request-id", call.request_id.encode())] if call.request_id else []
@@ -177,7 +206,11 @@ class Proxy:
                 if span is not None:
                     mark_first_token(span, call.t0)
                 return True
-            first = await self._first_chunk(resp, t_sent)  # still retryable until this arrives
+            try:  # still retryable until this arrives
+                first = await unless_gone(self._first_chunk(resp, t_sent), disconnected)
+            except ClientGone:  # it left during the prefill (or the replica's queue): nobody to answer
+                call.status = 499
+                return True  # releasing resp aborts the upstream request
             if not first:
                 u.failure()
                 return False
