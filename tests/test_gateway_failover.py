@@ -132,7 +132,10 @@ def test_a_busy_upstream_is_not_ejected_a_broken_one_is():
         gw = start_gateway({"gateway": {**GW, "eject_for_s": 60, "health_interval_s": 30}, "models": [
             {"name": "m", "upstreams": [up.url]}]})
         up.control(fail_status=503, fail_retry_after=1, fail_count=4)
-        assert [plain_request(gw.url)[0] for _ in range(4)] == ["refused"] * 4
+        assert [plain_request(gw.url)[0] for _ in range(3)] == ["refused"] * 3
+        r = httpx.post(gw.url + "/v1/completions", json={"model": "m", "prompt": "x", "max_tokens": 4}, timeout=30)
+        assert r.status_code == 503 and r.headers["retry-after"]  # said as busy, not as "no live upstream"
+        assert f"model 'm': its upstreams are busy (503 (busy) from {up.url})" in r.json()["error"]["message"]
         assert states(gw) == {up.url: "closed"}
         assert plain_request(gw.url) == ("ok", "u")
         up.control(fail_status=503, fail_retry_after=0, fail_count=4)  # no Retry-After: broken, ejected

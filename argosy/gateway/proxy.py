@@ -86,6 +86,7 @@ class Call:
     failover: Any = None
     fallback: tuple[str, Router] | None = None  # (the stable revision, its router): where a request goes
     # when its own revision has no upstream left before the first byte
+    refused: str = ""  # the last upstream's refusal ("503 (busy) from URL"): said in the final 503
     ttft: float | None = None  # streamed: seconds to the first chunk
     gaps: list[float] | None = None  # streamed, when the model records samples: seconds between chunks
 
@@ -129,8 +130,9 @@ class Proxy:
                 route.set_attribute("argosy.upstream", u.url if u is not None else "none")
                 route.end()
             if u is None:
-                raise unavailable(f"model {call.model!r} has no live upstream ({last_error}); retry later",
-                                  "no_upstream", retry_after=self.retry_after)
+                what = "its upstreams are busy" if "(busy)" in last_error else "no live upstream"
+                raise unavailable(f"model {call.model!r}: {what} ({last_error}); retry later", "no_upstream",
+                                  retry_after=self.retry_after)
             tried.add(u.url)
             call.upstream = u.url
             span = None  # one upstream span per attempt: a retry is a sibling span
@@ -160,8 +162,11 @@ class Proxy:
                     span.end()
             if done:
                 return
+            if call.refused:
+                last_error, call.refused = call.refused, ""
             if not self._may_retry(call):
-                raise unavailable(f"model {call.model!r}: upstream failed ({last_error}); retry later",
+                what = "its upstreams are busy" if "(busy)" in last_error else "upstream failed"
+                raise unavailable(f"model {call.model!r}: {what} ({last_error}); retry later",
                                   "upstream_unavailable", retry_after=self.retry_after)
             self.m.retries.labels(call.model, u.url).inc()
 
@@ -185,8 +190,10 @@ class Proxy:
                 await resp.read()
                 # A 429, or a 503 with Retry-After (a replica's full queue), is a busy upstream, not a broken one:
                 # counted as failures, a burst of large requests ejected every replica of the model.
-                if resp.status != 429 and not (resp.status == 503 and "retry-after" in resp.headers):
+                busy = resp.status == 429 or (resp.status == 503 and "retry-after" in resp.headers)
+                if not busy:
                     u.failure()
+                call.refused = f"{resp.status}{' (busy)' if busy else ''} from {u.url}"
                 return False
             ctype = resp.headers.get("content-type", "application/json").encode()
             if not call.stream or resp.status != 200 or not ctype.startswith(b"text/event-stream"):
