@@ -10,7 +10,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import (
     AfterValidator,
     BaseModel,
@@ -31,6 +30,7 @@ from argosy.config_regions import (  # regions and region_routing: a leaf module
     check_regions,
 )
 from argosy.config_rollout import RolloutConfig  # models[].rollout: a leaf module (docs/rollouts.md)
+from argosy.config_yaml import YamlFileError, read_yaml
 from argosy.engine.config import EngineConfig
 from argosy.engine.settings import settings_of
 
@@ -359,17 +359,6 @@ class FleetConfig(_Strict):
 class FleetConfigError(ValueError):
     """The fleet file is unreadable or invalid; the message names the file and the fields."""
 
-    @classmethod
-    def from_yaml(cls, path: str | Path, e: yaml.YAMLError) -> FleetConfigError:
-        """A YAML syntax error as one line: file:line:column, and what is wrong there."""
-        mark = getattr(e, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        context, start = getattr(e, "context", None), getattr(e, "context_mark", None)
-        if context and start is not None and mark is not None and start.line != mark.line:
-            context += f" that starts at line {start.line + 1}"
-        return cls(f"{where}: YAML syntax error: {problem}" + (f" ({context})" if context else ""))
-
 
 def parse_fleet(data: Any, source: str = "<fleet>") -> FleetConfig:
     if data is None:
@@ -384,40 +373,13 @@ def parse_fleet(data: Any, source: str = "<fleet>") -> FleetConfig:
         raise FleetConfigError(f"{source}: invalid fleet file:\n" + "\n".join(lines)) from None
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """yaml.safe_load's loader, but a key given twice in one mapping is an error: YAML keeps the last, so a
-    section written twice (two `models:`, two `autoscaling:` in a model) dropped the first without a word.
-    Merge keys (`<<: *anchor`) still override what they merge."""
-
-    def construct_mapping(self, node, deep=False):
-        if isinstance(node, yaml.MappingNode):
-            seen = set()
-            for key_node, _ in node.value:
-                if key_node.tag == "tag:yaml.org,2002:merge":
-                    continue
-                key = self.construct_object(key_node, deep=deep)
-                try:
-                    twice = key in seen
-                    seen.add(key)
-                except TypeError:  # an unhashable key: SafeConstructor says so below
-                    continue
-                if twice:
-                    raise yaml.constructor.ConstructorError(
-                        "while reading a mapping", node.start_mark, f"{key!r} given twice", key_node.start_mark)
-        return super().construct_mapping(node, deep=deep)
-
-
 def load_fleet(path: str | Path) -> FleetConfig:
     """Read and validate a fleet file; an empty file is a valid (all-defaults) fleet."""
     p = Path(path)
     try:
-        data = yaml.load(p.read_text(), Loader=_UniqueKeyLoader)
-    except yaml.YAMLError as e:
-        raise FleetConfigError.from_yaml(p, e) from None
-    except OSError as e:
-        raise FleetConfigError(f"{p}: {e.strerror or e}") from None
-    except UnicodeDecodeError as e:
-        raise FleetConfigError(f"{p}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+        data = read_yaml(p)
+    except YamlFileError as e:
+        raise FleetConfigError(str(e)) from None
     fleet = parse_fleet(data, str(p))
     pepper = fleet.gateway.key_pepper_file
     if pepper is not None and not Path(pepper).expanduser().is_absolute():  # relative to the fleet file

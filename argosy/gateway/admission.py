@@ -36,10 +36,16 @@ class Admission:
     def load(self) -> AdmissionLoad:
         return AdmissionLoad(self.in_flight, self.waiting)
 
-    async def acquire(self, priority: int = 0) -> float:
-        """Wait for a slot; returns the seconds waited."""
+    def try_acquire(self) -> bool:
+        """A free slot taken now, with nobody queued before it: no wait (and nothing for the caller to watch)."""
         if self.in_flight < self.cfg.max_in_flight and self.waiting == 0:
             self.in_flight += 1
+            return True
+        return False
+
+    async def acquire(self, priority: int = 0) -> float:
+        """Wait for a slot; returns the seconds waited."""
+        if self.try_acquire():
             return 0.0
         if self.waiting >= self.cfg.max_queue:
             raise unavailable("the model is at capacity (queue full); retry later", "queue_full",

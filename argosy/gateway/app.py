@@ -235,7 +235,8 @@ class Gateway:
         gone = asyncio.ensure_future(client_gone(receive))
         try:
             async with self.admitted(rt, key, scope, rq, req, gone):
-                await unless_gone(self.wait_for_replica(rt, key), gone)  # a cold start too
+                if rt.activator is not None and not rt.has_live_upstream():  # held for a cold start: watched
+                    await unless_gone(self.wait_for_replica(rt, key), gone)
                 call = rq.call = self.route(rt, req, key, scope, rq, t0)
                 if self.regions is not None:  # x-argosy-region; another region if every replica here fails
                     regional(self, call, rt, req, key, scope, inbound)
@@ -305,7 +306,8 @@ class Gateway:
         span = rq.trace.child("gateway.admission", {"argosy.priority": prio}) if rq.trace else None
         rt.tokens_in_flight += req.estimate  # queued or admitted: what metric tokens scales on
         try:
-            waited = await unless_gone(rt.admission.acquire(prio), gone)
+            # A free slot is taken at once; only a queued request is watched for its client leaving (a task).
+            waited = 0.0 if rt.admission.try_acquire() else await unless_gone(rt.admission.acquire(prio), gone)
         except BaseException as e:
             rt.tokens_in_flight -= req.estimate
             if isinstance(e, GatewayError):

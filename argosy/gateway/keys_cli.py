@@ -20,6 +20,7 @@ import httpx
 import yaml
 
 from argosy.config import FleetConfigError, load_fleet, parse_fleet
+from argosy.config_yaml import YamlFileError, read_yaml
 from argosy.gateway import local_admin
 from argosy.gateway.keys import check_pepper, new_key
 from argosy.gateway.pepper import fleet_pepper
@@ -143,9 +144,9 @@ def _models(text: str | None) -> list[str] | None:
 
 def _load(path: Path) -> dict:
     try:
-        return (yaml.safe_load(path.read_text()) if path.exists() else None) or {}
-    except yaml.YAMLError as e:
-        raise KeysError(str(FleetConfigError.from_yaml(path, e))) from None
+        return (read_yaml(path) if path.exists() else None) or {}
+    except YamlFileError as e:
+        raise KeysError(str(e)) from None
 
 
 def _write_file(args, key_hash: str | None) -> dict:

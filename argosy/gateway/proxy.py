@@ -38,9 +38,9 @@ async def unless_gone(aw, disconnected: asyncio.Future | None):
     """`aw`'s result, or ClientGone (with `aw` cancelled, which frees what it holds) if the user disconnects
     first: for the admission queue, a cold start, and an upstream call up to its (first) bytes. A stream's
     later chunks come a few ms apart, and `_stream` checks between them, with no task per chunk."""
+    if disconnected is None:  # nothing to watch (the app wraps a non-streamed call whole): no task
+        return await aw
     task = asyncio.ensure_future(aw)
-    if disconnected is None:
-        return await task
     try:
         await asyncio.wait([task, disconnected], return_when=asyncio.FIRST_COMPLETED)
     except BaseException:
@@ -54,6 +54,8 @@ async def unless_gone(aw, disconnected: asyncio.Future | None):
             return await task
         raise ClientGone
     return task.result()
+
+
 DONE = b"data: [DONE]\n\n"
 JSON_HEADERS = {"content-type": "application/json"}
 

@@ -14,11 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import yaml
 from pydantic import Field, ValidationError, model_validator
 
 from argosy.bench.workload import DISTRIBUTIONS, LengthDist, load_trace
-from argosy.config import FleetConfigError, _Strict
+from argosy.config import _Strict
+from argosy.config_yaml import YamlFileError, read_yaml
 
 DAY_S, WEEK_S = 86400.0, 604800.0
 # The most requests one simulated run makes: each holds a few hundred bytes until it finishes, and a
@@ -142,11 +142,9 @@ class TrafficError(ValueError):
 def load_traffic(path: str | Path) -> TrafficSpec:
     p = Path(path)
     try:
-        data = yaml.safe_load(p.read_text())
-    except yaml.YAMLError as e:
-        raise TrafficError(str(FleetConfigError.from_yaml(p, e))) from None
-    except OSError as e:
-        raise TrafficError(f"{p}: {e.strerror or e}") from None
+        data = read_yaml(p)
+    except YamlFileError as e:
+        raise TrafficError(str(e)) from None
     try:
         spec = TrafficSpec.model_validate(data or {})
     except ValidationError as e:
