@@ -187,6 +187,7 @@ def test_sim_cli_writes_the_result_keys_the_cost_estimator_reads(tmp_path, capsy
     ("duration_s: 10\n", ["--gpu", "TPU9"], "unknown accelerator"),
     (None, [], "cannot|No such file"),
     ("duration_s: [\n", [], r"t\.yaml:2:1: YAML syntax error"),
+    ("duration_s: 10\nrate: 5\nrate: 50\n", [], r"t\.yaml:3:1: YAML syntax error: 'rate' given twice"),
     ("duration_s: 1.0e+12\nrate: 1.0e+9\n", [], "at most 10,000,000"),  # numpy had raised mid-generation
     ("duration_s: 1.0e+12\nrate: 1.0e+9\n", ["--week", "--gpu", "H100"], "at most 10,000,000"),
 ])
