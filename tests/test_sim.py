@@ -254,6 +254,9 @@ def test_profile_measures_the_engine_and_a_served_replica_then_sim_reads_it(tmp_
     assert [n for n, _ in prof.neighbour_step_table] == [1.0, 2.0, 3.0]
     assert all(t >= 0 for _, t in prof.neighbour_step_table)
     assert len(prof.request_s_quantiles) == 20 and list(prof.request_s_quantiles) == sorted(prof.request_s_quantiles)
+    # Beside a spinning process on every core the steps lose whole slices of the kernel's scheduler: a few ms.
+    assert 0.0005 < prof.time_slice_s < 0.05
+    assert "time slice" in capsys.readouterr().err
     traffic = tmp_path / "t.yaml"
     traffic.write_text("duration_s: 20\nrate: 2\nprompt_tokens: {mean: 32}\noutput_tokens: {mean: 8}\n")
     res = tmp_path / "r.json"

@@ -44,6 +44,54 @@ def test_a_step_beside_busy_neighbours_reads_its_weights_again():
     assert tpot_p50({**spec, "rate": 0.5}, prof, replicas=1, node_cores=1.0) == pytest.approx(0.010)
 
 
+def test_a_shared_core_is_lost_in_whole_slices_around_the_same_mean():
+    # Two replicas kept busy on a one-core node, 10 ms steps: a step takes 20 ms on average either way.
+    # Stretched evenly (no time slice in the profile), every token takes exactly 20 ms. The kernel instead
+    # runs a thread at full speed and then another for a slice: a step is its 10 ms plus whole 5 ms slices
+    # lost, Poisson-many, so tokens spread around the same mean and queues see the spread.
+    spec = {"duration_s": 60, "rate": 40, "prompt_tokens": {"mean": 16}, "output_tokens": {"mean": 30}}
+    import numpy as np
+
+    from argosy.sim.results import latencies
+
+    def tpot_ttft(profile, spec):
+        sim, res = simulate(spec, profile=profile, replicas=2 if spec["rate"] > 1 else 1, node_cores=1.0)
+        ttft, tpot, _ = latencies(sim, sim.done)
+        return np.percentile(tpot, [1, 99]), tpot.mean(), res["ttft_s"]
+
+    sliced_prof = dataclasses.replace(constant_profile(0.010), time_slice_s=0.005)
+    (lo, hi), _, even_ttft = tpot_ttft(constant_profile(0.010), spec)
+    assert lo == pytest.approx(0.020) and hi == pytest.approx(0.020)
+    (lo, hi), mean, sliced_ttft = tpot_ttft(sliced_prof, spec)
+    assert mean == pytest.approx(0.020, rel=0.03)
+    assert lo < 0.019 and hi > 0.021
+    assert sliced_ttft["p99"] > even_ttft["p99"] + 0.005
+    # On a node with a core to spare nothing is lost, sliced or not.
+    (lo, hi), _, _ = tpot_ttft(sliced_prof, {**spec, "rate": 0.5})
+    assert lo == pytest.approx(0.010) and hi == pytest.approx(0.010)
+    # And a run is reproducible: the slices lost are drawn from a seeded generator.
+    assert tpot_ttft(sliced_prof, spec)[2] == sliced_ttft
+
+
+def test_the_time_slice_is_read_from_steps_timed_alone_and_beside_busy_threads():
+    # Synthetic steps as this machine's look: 2 ms alone (0.3 ms of noise); beside busy threads each loses
+    # Poisson(0.5)-many 4 ms slices. The stretched steps give the slice back; steps that were not stretched
+    # (a node with cores to spare) give 0.
+    import numpy as np
+
+    from argosy.sim.measure import slice_from_steps
+
+    rng = np.random.default_rng(3)
+    alone = 0.002 + rng.normal(0, 3e-4, 600)
+    shared = 0.002 + rng.normal(0, 3e-4, 300) + 0.004 * rng.poisson(0.5, 300)
+    assert slice_from_steps(alone, shared) == pytest.approx(0.004, rel=0.1)
+    assert slice_from_steps(alone, 0.002 + rng.normal(0, 3e-4, 300)) == 0.0
+    # A few stalls (a page fault, another VM on the host) are not read as the slice.
+    stalled = shared.copy()
+    stalled[::60] += 0.050
+    assert slice_from_steps(alone, stalled) == pytest.approx(0.004, rel=0.1)
+
+
 def test_a_requests_serving_overhead_waits_for_a_core_on_a_busy_node():
     # What serving adds to a request (HTTP, tokenization, first chunk: 20 ms, measured on an idle node) is a
     # thread's work beside the busy engines: two replicas kept busy on one core leave it a third of the
@@ -262,6 +310,11 @@ def test_measure_node_behind_a_real_gateway(tmp_path):
     assert 1e-5 < prof.node_token_cpu_table[0][1] < 0.05
     assert prof.cold_start_cpu_s > 0.5  # a start takes seconds of CPU (imports, load, warm-up)
     assert prof.notes["node"]["start_cpu_s"] == prof.cold_start_cpu_s
+    # Each level was run three times in turn; the table holds the median round (a noisy run is outvoted).
+    rounds = prof.notes["node"]["rounds"]
+    assert sorted(rounds) == ["1", "4", "short"] and all(len(v) == 3 for v in rounds.values())
+    cpu, tokens = sorted(rounds["4"])[1]
+    assert prof.node_token_cpu_table[1][1] == pytest.approx(max(cpu - prof.node_request_cpu_s, 0) / tokens)
 
 
 def test_profile_node_is_for_a_generating_model_on_this_machine(capsys):

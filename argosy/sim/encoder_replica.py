@@ -37,8 +37,8 @@ class EncoderSimReplica:
         self.busy_s = self.prefill_s = 0.0
         self.engine_cpu_s = self.outside_cpu_s = 0.0  # on a shared node (as SimReplica's)
         self.itl: list[tuple[float, int]] = []  # none: nothing is decoded
-        # A batch's time multiplier, given its seconds and node CPU seconds (SharedNode.step_factor, --node-cores).
-        self.slowdown: Callable[[float, float], float] | None = None
+        # A batch's seconds on a shared node, given its seconds and node CPU seconds (SharedNode.stretch).
+        self.stretch: Callable[[list[float], float], list[float]] | None = None
 
     def now_starting(self, now: float) -> bool:
         return now < self.ready_s
@@ -61,12 +61,12 @@ class EncoderSimReplica:
         lengths = [it.num_tokens for it in self.batch]
         # Bidirectional attention: every token sees its whole input (the LLM's causal prefill counts half).
         dt = self.profile.step_s(sum(lengths), 0, sum(lengths), sum(n * n for n in lengths))
-        if self.slowdown is not None:  # replicas sharing a CPU node's cores
+        if self.stretch is not None:  # replicas sharing a CPU node's cores
             requests = len({it.request.request_id for it in self.batch})
             outside = self.profile.node_cpu_s(0, 0, requests)
             self.engine_cpu_s += dt
             self.outside_cpu_s += outside
-            dt *= self.slowdown(dt, outside)
+            dt = self.stretch([dt], outside)[0]
         self.busy, self.run_start, self.run_ends = True, now, [now + dt]
         self.version += 1
         return now + dt

@@ -93,7 +93,7 @@ class FleetSim:
         rep = self.replica_class(f"{region.name}-{next(self.ids)}", region.idx, self.profile, e.max_num_seqs,
                                  budget, now, ready, self.prefix_tokens)
         if self.node is not None:
-            rep.slowdown = functools.partial(self.node.step_factor, rep)
+            rep.stretch = functools.partial(self.node.stretch, rep)
             if self.generates:
                 rep.neighbour_s = functools.partial(self.node.neighbour_s, rep)
                 rep.outside_scale = functools.partial(self.node.outside_scale, rep)

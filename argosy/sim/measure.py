@@ -9,7 +9,8 @@ is the time to load the engine and run its first step, in this process (a replic
 imports come on top). Last, decode steps after one, two and three replicas' worth of weights went
 through the cache: what a step costs more beside neighbours on a shared node (neighbour_step_table), and
 what the serving work outside the engines (each chunk built, relayed, read) costs more there
-(node_neighbour_table).
+(node_neighbour_table). Then the node's time slice: decode steps timed beside a busy thread on every core
+(time_slice_s).
 """
 
 from __future__ import annotations
@@ -17,8 +18,11 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
+import os
 import random
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 
@@ -151,6 +155,52 @@ def _node_neighbour_sweep(engine: LLMEngine, repeats: int) -> tuple[tuple[float,
     return tuple((n, t / alone) for n, t in rows)
 
 
+SLICE_STEPS = 300  # decode steps of one sequence (about 2 ms each) timed alone and again beside busy threads
+
+
+def slice_from_steps(alone, shared) -> float:
+    """The node's time slice, from decode steps timed alone and beside a busy thread on every core. A step
+    that had to share its core ran at full speed, then waited while another thread had the core for a
+    slice: the stretched steps stand apart from the rest by about one slice (a step shorter than a slice
+    loses one at most, most often), so the slice is the median of their stretch, which a rare stall does
+    not move. 0 where too few steps were stretched to tell (cores to spare)."""
+    alone, shared = np.asarray(alone, dtype=float), np.asarray(shared, dtype=float)
+    base = float(np.median(alone))
+    noise = float(np.percentile(alone, 99)) - base
+    stretch = shared - base
+    lost = stretch[stretch > 2 * noise + 1e-4]
+    if len(lost) < 0.02 * len(shared):
+        return 0.0
+    return float(np.median(lost))
+
+
+def _time_slice(probe: _Prober) -> tuple[float, float]:
+    """(the slice, the share of steps that lost one) from SLICE_STEPS decode steps timed alone (before and
+    after) and beside a spinning process on every core this process may run on."""
+
+    def steps() -> list[float]:
+        probe.decoding(1, 32)
+        times = [probe.timed_step() for _ in range(SLICE_STEPS + 1)][1:]  # the first: a warm-up
+        probe.clear()
+        return times
+
+    alone = steps()
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"], stdin=subprocess.DEVNULL)
+            for _ in os.sched_getaffinity(0)]
+    try:
+        time.sleep(0.5)  # every one of them spinning
+        shared = steps()
+    finally:
+        for hog in hogs:
+            hog.kill()
+        for hog in hogs:
+            hog.wait()
+    alone += steps()
+    q = slice_from_steps(alone, shared)
+    share = float(np.mean(np.asarray(shared) - statistics.median(alone) > q / 2)) if q else 0.0
+    return q, share
+
+
 def _nnls(x: np.ndarray, y: np.ndarray, w: np.ndarray) -> np.ndarray:
     """Weighted least squares with coefficients kept >= 0 by dropping the most negative one until none is."""
     active = list(range(x.shape[1]))
@@ -248,6 +298,9 @@ def measure_profile(model: str, *, max_num_seqs: int = 64, token_budget: int = 5
     if node_neighbours:
         log("serving work outside the engines beside neighbours (chunks built, relayed, read): "
             + ", ".join(f"x{r:.2f} after {n:g}" for n, r in node_neighbours))
+    time_slice, sliced = _time_slice(probe)
+    log(f"the node's time slice beside a busy thread on every core: {time_slice * 1e3:.2f} ms "
+        f"({sliced:.0%} of {SLICE_STEPS} steps lost one)")
     engine.close()
     params = None
     with contextlib.suppress(ValueError, KeyError):  # a checkpoint without a config.json: size unknown
@@ -257,7 +310,7 @@ def measure_profile(model: str, *, max_num_seqs: int = 64, token_budget: int = 5
         per_prefill_token_s=per_tok, per_decode_seq_s=per_seq, mem_base_s=0.0, per_kv_token_s=per_kv,
         per_prefill_attn_s=per_attn, decode_table=tuple(table), prefill_table=tuple(prefills),
         num_blocks=engine.kv.num_blocks, block_size=cfg.block_size, cold_start_s=cold_start,
-        neighbour_step_table=neighbours, node_neighbour_table=node_neighbours,
+        neighbour_step_table=neighbours, node_neighbour_table=node_neighbours, time_slice_s=time_slice,
         notes={"max_num_seqs": max_num_seqs, "token_budget": token_budget, "fit_mean_rel_error": err, "params": params,
                "fit_outliers": outliers,
                "observations": [list(o) for o in obs]})

@@ -6,15 +6,15 @@ chunk) and in the client when it runs on the node (a load generator does). On a 
 a quarter of a core at 1,700 tok/s, which the engines then lack.
 
 Measured here: `argosy serve` with one replica (the engine limits given) and `argosy bench` in closed
-loop at concurrency 1, 4 and 16, outputs of OUTPUT tokens, plus one run of short outputs at
-concurrency 1. The CPU time of every thread of the serve process and its replicas except the engine's
-(named `argosy-engine`, with its OpenMP workers), plus the bench's over its run (as it counts it: its
-start left out), over the output tokens, is the node's CPU per token at that concurrency; the
-difference between the long and the short outputs at concurrency 1 splits off what a request costs by
-itself. The per-token cost falls with concurrency (a wake-up of the event loops carries more chunks),
-so it is kept by batch, as the serving table is. Last, a replica is started beside the serving one
-under load: the CPU time its start takes there is what the sim paces a start on a busy node by (more
-than alone, where CPU time ~ wall time).
+loop at concurrency 1, 4 and 16, outputs of OUTPUT tokens, plus one run of short outputs at concurrency
+1, each run three times in turn and the median kept. The CPU time of every thread of the serve process
+and its replicas except the engine's (named `argosy-engine`, with its OpenMP workers), plus the bench's
+over its run (as it counts it: its start left out), over the output tokens, is the node's CPU per token
+at that concurrency; the difference between the long and the short outputs at concurrency 1 splits off
+what a request costs by itself. The per-token cost falls with concurrency (a wake-up of the event loops
+carries more chunks), so it is kept by batch, as the serving table is. Last, a replica is started beside
+the serving one under load: the CPU time its start takes there is what the sim paces a start on a busy
+node by (more than alone, where CPU time ~ wall time).
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from argosy.sim.profile import StepProfile
 
 ENGINE_THREAD = "argosy-engine"
 CONCURRENCY = (1, 4, 16)
+ROUNDS = 3
 SHORT_OUTPUT = 8
 TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
 
@@ -57,6 +58,17 @@ def _cpu_s(stat: str) -> float:
     return (int(fields[11]) + int(fields[12])) * TICK_S
 
 
+def _exec_runtime_s(task: str) -> float | None:
+    """The scheduler's own count of a thread's CPU time (se.sum_exec_runtime in /proc/.../sched, in ms to the
+    ns), or None where the kernel does not show it. utime + stime come rounded to clock ticks (10 ms) per
+    thread: over the fifteen-odd threads of a node, up to a tenth of a CPU-second on runs of half a second."""
+    with contextlib.suppress(OSError), open(f"{task}/sched") as f:
+        for line in f:
+            if line.startswith("se.sum_exec_runtime"):
+                return float(line.split(":", 1)[1]) / 1e3
+    return None
+
+
 def thread_cpu(root: int) -> dict[tuple[int, int], tuple[bool, float]]:
     """CPU seconds used so far by each thread under `root` (processes included), by (pid, tid): (whether it
     is an engine's thread, seconds)."""
@@ -64,9 +76,12 @@ def thread_cpu(root: int) -> dict[tuple[int, int], tuple[bool, float]]:
     for pid in _tree(root):
         with contextlib.suppress(OSError):
             for tid in os.listdir(f"/proc/{pid}/task"):
-                with contextlib.suppress(OSError), open(f"/proc/{pid}/task/{tid}/stat") as f:
+                task = f"/proc/{pid}/task/{tid}"
+                with contextlib.suppress(OSError), open(f"{task}/stat") as f:
                     stat = f.read()
-                    out[pid, int(tid)] = (stat[stat.index("(") + 1:stat.rindex(")")] == ENGINE_THREAD, _cpu_s(stat))
+                    exact = _exec_runtime_s(task)
+                    out[pid, int(tid)] = (stat[stat.index("(") + 1:stat.rindex(")")] == ENGINE_THREAD,
+                                          _cpu_s(stat) if exact is None else exact)
     return out
 
 
@@ -185,6 +200,11 @@ def _run(url: str, root: int, concurrency: int, n: int, prompt_tokens: int, outp
     return cpu, sum(r["output_tokens"] for r in ok), len(ok)
 
 
+def _median_run(runs: list[tuple[float, int, int]]) -> tuple[float, int, int]:
+    """The run whose CPU per request is the median of `runs` (CPU seconds, tokens, requests each)."""
+    return sorted(runs, key=lambda r: r[0] / r[2])[len(runs) // 2]
+
+
 def _start_cpu_under_load(url: str, model: str, engine: dict, prompt_tokens: int, output_tokens: int,
                           tmp: Path) -> float:
     """CPU seconds a replica takes from its start to /ready while the node serves (closed loop, 4 streams).
@@ -216,7 +236,7 @@ def _start_cpu_under_load(url: str, model: str, engine: dict, prompt_tokens: int
 
 
 def measure_node(model: str, prof: StepProfile, *, max_num_seqs: int, token_budget: int, kv_cache_memory_gib: float,
-                 prompt_tokens: int = 128, output_tokens: int = 64, requests: int = 96,
+                 prompt_tokens: int = 128, output_tokens: int = 64, requests: int = 96, rounds: int = ROUNDS,
                  log: Callable[[str], None] = print) -> StepProfile:
     """`prof` with the node's CPU per output token (by concurrency) and per request outside the engines."""
     if not os.path.isdir(f"/proc/{os.getpid()}/task"):
@@ -226,7 +246,8 @@ def measure_node(model: str, prof: StepProfile, *, max_num_seqs: int, token_budg
     engine = {"max_num_seqs": max_num_seqs, "max_num_batched_tokens": token_budget,
               "kv_cache_memory_gib": kv_cache_memory_gib}
     log(f"node CPU: argosy serve with one replica, {requests} requests at each of "
-        f"{', '.join(str(c) for c in CONCURRENCY if c <= max_num_seqs)} streams, then a start under load ...")
+        f"{', '.join(str(c) for c in CONCURRENCY if c <= max_num_seqs)} streams ({rounds} rounds), then a start "
+        "under load ...")
     with tempfile.TemporaryDirectory(prefix="argosy-node-") as tmp:
         proc, url = start_serve(_fleet_file(Path(tmp), model, engine))
         try:
@@ -235,9 +256,19 @@ def measure_node(model: str, prof: StepProfile, *, max_num_seqs: int, token_budg
             idle0, t0 = serving_cpu_s(proc.pid), time.monotonic()
             time.sleep(2.0)  # health checks and scrapes: the node's CPU with nothing to serve
             idle = (serving_cpu_s(proc.pid) - idle0) / (time.monotonic() - t0)
-            short = _run(url, proc.pid, 1, requests, prompt_tokens, SHORT_OUTPUT, Path(tmp) / "short.json", idle)
-            runs = {c: _run(url, proc.pid, c, requests, prompt_tokens, output_tokens, Path(tmp) / f"c{c}.json", idle)
-                    for c in CONCURRENCY if c <= max_num_seqs}
+            # Each run ROUNDS times, interleaved, and the median kept: one run in a noisy minute had read the
+            # node's CPU per request 45% above the runs either side of it.
+            levels = [c for c in CONCURRENCY if c <= max_num_seqs]
+            shorts: list[tuple[float, int, int]] = []
+            longs: dict[int, list[tuple[float, int, int]]] = {c: [] for c in levels}
+            for _ in range(rounds):
+                shorts.append(_run(url, proc.pid, 1, requests, prompt_tokens, SHORT_OUTPUT, Path(tmp) / "short.json",
+                                   idle))
+                for c in levels:
+                    longs[c].append(_run(url, proc.pid, c, requests, prompt_tokens, output_tokens,
+                                         Path(tmp) / f"c{c}.json", idle))
+            short = _median_run(shorts)
+            runs = {c: _median_run(v) for c, v in longs.items()}
             start_cpu = _start_cpu_under_load(url, model, engine, prompt_tokens, output_tokens, Path(tmp))
         finally:
             stop_serve(proc)
@@ -251,5 +282,10 @@ def measure_node(model: str, prof: StepProfile, *, max_num_seqs: int, token_budg
         + f"; {per_request * 1e3:.2f} ms per request; a replica's start under load: {start_cpu:.1f} CPU-s")
     return dataclasses.replace(prof, node_token_cpu_table=table, node_request_cpu_s=per_request,
                                cold_start_cpu_s=start_cpu,
-                               notes={**prof.notes, "node": {"table": [list(t) for t in table],
-                                                             "request_cpu_s": per_request, "start_cpu_s": start_cpu}})
+                               notes={**prof.notes, "node": {
+                                   "table": [list(t) for t in table], "request_cpu_s": per_request,
+                                   "start_cpu_s": start_cpu,
+                                   # Each round's CPU-s and output tokens per request, by streams ("short": 1
+                                   # stream, short outputs): how far the rounds were apart
+                                   "rounds": {str(c): [[cpu / n, tok / n] for cpu, tok, n in v]
+                                              for c, v in (("short", shorts), *longs.items())}}})

@@ -88,6 +88,12 @@ class StepProfile:
     # argosy.sim.measure). The node CPU figures above were measured beside one replica at work, so the sim
     # scales them by ratio(replicas at work) / ratio(1) (node_cpu_scale).
     node_neighbour_table: tuple[tuple[float, float], ...] = ()
+    # The node's time slice as a step meets it (argosy.sim.measure: steps beside a busy thread on every
+    # core): a thread that must share a core is not slowed evenly, it runs at full speed and loses whole
+    # slices to the others. The sim stretches a step by f on average either way, but with Poisson-many lost
+    # slices of this length; so some steps run at full speed and some lose several slices, and queueing
+    # sees that spread. 0: every step stretched evenly.
+    time_slice_s: float = 0.0
     notes: dict = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
@@ -106,7 +112,8 @@ class StepProfile:
             raise ValueError("step-time coefficients must be finite and >= 0")
         if not all(math.isfinite(b) and math.isfinite(t) and b >= 0 for b, t in self.serving_table):
             raise ValueError("serving_table entries must be finite (batch, seconds) pairs")
-        node = (self.node_request_cpu_s, self.cold_start_cpu_s, *(v for row in self.node_token_cpu_table for v in row),
+        node = (self.node_request_cpu_s, self.cold_start_cpu_s, self.time_slice_s,
+                *(v for row in self.node_token_cpu_table for v in row),
                 *(v for row in self.neighbour_step_table for v in row))
         if min(node, default=0.0) < 0 or not all(math.isfinite(v) for v in node):
             raise ValueError("node CPU figures must be finite and >= 0")

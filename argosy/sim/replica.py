@@ -78,9 +78,10 @@ class SimReplica:
         # term) and outside it (node_cpu_s), before any stretching; a cut run counts the steps it ran.
         self.engine_cpu_s = self.outside_cpu_s = 0.0
         self.run_cpu: list[tuple[float, float]] = []  # (engine, outside) seconds of each step of the run
-        # Replicas sharing a node's cores: given a step's profiled seconds and the node CPU seconds its
-        # tokens cost outside the engine, its time multiplier, read when it starts (SharedNode.step_factor).
-        self.slowdown: Callable[[float, float], float] | None = None
+        # Replicas sharing a node's cores: given a run's steps' profiled seconds and the node CPU seconds
+        # their tokens cost outside the engine, their seconds on the node, read when it starts
+        # (SharedNode.stretch).
+        self.stretch: Callable[[list[float], float], list[float]] | None = None
         self.neighbour_s: Callable[[], float] | None = None  # its step's extra beside busy neighbours
         self.outside_scale: Callable[[], float] | None = None  # its node CPU's multiplier beside them
         self.itl: list[tuple[float, int]] = []  # (inter-token gap, tokens with that gap)
@@ -163,7 +164,7 @@ class SimReplica:
             times = prof.decode_run_s(decodes, kv, steps)
         else:
             times = [prof.step_s(prefill, decodes, kv, attn)]
-        if self.slowdown is not None:  # replicas sharing a CPU node's cores (FleetSim, --node-cores)
+        if self.stretch is not None:  # replicas sharing a CPU node's cores (FleetSim, --node-cores)
             if self.neighbour_s is not None:
                 extra = self.neighbour_s()
                 times = [t + extra for t in times]
@@ -171,9 +172,8 @@ class SimReplica:
             outside = prof.node_cpu_s(batch, batch * len(times), first)
             if self.outside_scale is not None:
                 outside *= self.outside_scale()
-            f = self.slowdown(sum(times), outside)
             self.run_cpu = [(t, outside / len(times)) for t in times]
-            times = [t * f for t in times]
+            times = self.stretch(times, outside)
         if prefill:
             self.prefill_s += times[0] * prefill / (prefill + decodes)
         t, ends = now, []

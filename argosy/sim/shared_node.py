@@ -4,7 +4,9 @@ Each busy replica asks for its engine's threads plus the CPU its step's tokens c
 the engine (the profile's node_token_cpu_table and node_request_cpu_s: the gateway, the event loops, a
 load generator on the node); a replica that is starting asks for one core. While they ask for more than
 the node has, every step runs (asked / cores) times slower than profiled: its time is scaled when it
-starts, and a run of decode steps keeps the factor it started with. A start is one core's work (the
+starts, and a run of decode steps keeps the factor it started with. That factor is a mean: the kernel
+runs a thread in slices, so a step that shares a core runs at full speed and loses whole slices (the
+profile's time_slice_s) to the others, Poisson-many, (factor - 1) x its time on average. A start is one core's work (the
 profile's cold_start_cpu_s, measured beside a serving replica; else cold_start_s, measured alone) done at
 the share of a core it gets, re-paced whenever a replica starts and at each autoscaler tick. A step
 also reads its weights from memory again when its neighbours have stepped since (the profile's
@@ -18,6 +20,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+
+import numpy as np
 
 from argosy.sim.profile import StepProfile
 
@@ -38,6 +42,7 @@ class SharedNode:
         self.demand: dict = {}  # replica -> cores its step in progress asks for
         self.starts: dict = {}  # starting replica -> _Start
         self.start_cpu_s = 0.0  # one core's seconds of every start so far
+        self.rng = np.random.default_rng(0)  # the slices lost: the same run gives the same answer
 
     def asked(self, but=None) -> float:
         """Cores asked for by every live replica but `but`."""
@@ -56,6 +61,16 @@ class SharedNode:
         CPU seconds outside the engine."""
         self.demand[rep] = self.threads + (cpu / seconds if seconds > 0 else 0.0)
         return max(1.0, (self.demand[rep] + self.asked(rep)) / self.cores)
+
+    def stretch(self, rep, times: list[float], cpu: float) -> list[float]:
+        """`rep`'s steps of `times` seconds (as profiled, one run) on the node, whose tokens cost it `cpu` CPU
+        seconds outside the engine: each stretched by the step factor on average, in whole lost slices."""
+        f = self.step_factor(rep, sum(times), cpu)
+        q = self.profile.time_slice_s
+        if f <= 1.0 or q <= 0.0:
+            return [t * f for t in times]
+        lost = self.rng.poisson(np.asarray(times) * ((f - 1.0) / q))
+        return [t + q * int(k) for t, k in zip(times, lost, strict=True)]
 
     def others_at_work(self, rep) -> int:
         """The node's other replicas stepping or starting: each streams its weights through the shared cache."""
