@@ -286,7 +286,7 @@ def start_gateway(config: dict, *args: str, env: dict | None = None) -> Proc:
     p = subprocess.Popen([PY, "-m", "argosy.gateway", "--config", path, *args], stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True, env=e, cwd=ROOT)
     try:
-        url = _wait_line(p, "argosy gateway listening on ")
+        url = _wait_line(p, "argosy gateway listening on ").split()[0]  # then "(region NAME)", if any
     finally:
         os.unlink(path)
     # It prints its address once bound, before its startup (Redis, sessions) ran: wait until it answers.

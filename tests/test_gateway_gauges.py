@@ -140,6 +140,52 @@ def test_a_client_that_leaves_before_its_answer_frees_its_slot_and_queue_place_a
         slow.kill()  # it still sleeps through the answers nobody reads
 
 
+def test_a_client_that_leaves_a_request_sent_to_another_region_frees_it_there():
+    """A model served only in region b, asked through region a's gateway: a forwarded non-streamed request
+    whose client hung up had kept a's call to b open until b's answer was done, and with it b's admission
+    slot and its replica generating for nobody."""
+    import socket
+
+    def free_port() -> int:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            return sock.getsockname()[1]
+
+    slow = start_upstream("slow", token_delay=0.5, tokens=40)  # a non-streamed answer: 20 s
+    ports = {"a": free_port(), "b": free_port()}
+    fleet = {"regions": [{"name": r, "provider": "onprem", "jurisdiction": "eu",
+                          "gateway": f"http://127.0.0.1:{ports[r]}"} for r in ("a", "b")],
+             "region_routing": {"exchange_interval_s": 0.3, "stale_after_s": 3.0},
+             "models": [{"name": "m", "regions": ["b"], "upstreams": [slow.url]}]}
+    fleet["regions"][1]["upstreams"] = {"m": [slow.url]}
+    env = {"ARGOSY_REGION_SECRET": "r" * 32}
+    gws = {}
+    try:
+        for r in ("b", "a"):
+            gws[r] = start_gateway(fleet, "--region", r, "--port", str(ports[r]), env=env)
+
+        def b_in_flight() -> float:
+            return metric(gauges(gws["b"]), "argosy_gateway_in_flight", model="m")
+
+        wait_for("region a to see b serving m", lambda: any(
+            u["state"] == "in" for u in httpx.get(gws["a"].url + "/admin/regions").json()["models"]["m"]), 20)
+
+        def leave_after(seconds: float) -> None:
+            with pytest.raises(httpx.TimeoutException):
+                httpx.post(gws["a"].url + "/v1/completions", json={"model": "m", "prompt": "hi", "max_tokens": 40},
+                           timeout=seconds)
+
+        with cf.ThreadPoolExecutor(1) as ex:
+            left = ex.submit(leave_after, 3.0)
+            wait_for("b serving the request a forwarded", lambda: b_in_flight() == 1, 3)
+            left.result()
+        wait_for("b's slot freed", lambda: b_in_flight() == 0, 3)
+    finally:
+        for gw in gws.values():
+            gw.stop()
+        slow.kill()  # it still sleeps through the answer nobody reads
+
+
 def test_a_stream_whose_client_leaves_before_its_first_token_frees_its_slot_at_once():
     """A long prefill (or the replica's queue): the stream's first chunk is 20 s away. Its client had been
     noticed gone only when that chunk came, holding the slot and the upstream request until then."""

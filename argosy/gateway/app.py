@@ -42,8 +42,7 @@ from argosy.gateway.limits import read_body
 from argosy.gateway.metrics import GatewayMetrics
 from argosy.gateway.model_cards import ModelCards
 from argosy.gateway.prefix_index import PrefixIndex
-from argosy.gateway.proxy import Call, ClientGone, Proxy
-from argosy.gateway.proxy import unless_gone as proxy_unless_gone
+from argosy.gateway.proxy import Call, Proxy, unless_gone_or_499
 from argosy.gateway.ratelimit import MemoryLimiter, RedisLimiter
 from argosy.gateway.regions.exchange import RegionExchange
 from argosy.gateway.regions.forwarding import regional, serve_elsewhere
@@ -227,16 +226,17 @@ class Gateway:
             await self.input_guardrails(rt, req)
         self.log_request(rt, req)
         await self.take_limits(key, rt, req)
-        if self.regions is not None and await serve_elsewhere(self, rt, req, key, scope, rq, t0, inbound, receive,
-                                                              send):
-            return
         # A client that leaves while its request is queued, or before a non-streamed answer, ends it: its
-        # queue place, admission slot and upstream request (the replica aborts it) are freed at once.
+        # queue place, admission slot and upstream request (the replica, or another region, aborts it) are
+        # freed at once.
         gone = asyncio.ensure_future(client_gone(receive))
         try:
+            if self.regions is not None and await serve_elsewhere(self, rt, req, key, scope, rq, t0, inbound,
+                                                                  gone, send):
+                return
             async with self.admitted(rt, key, scope, rq, req, gone):
                 if rt.activator is not None and not rt.has_live_upstream():  # held for a cold start: watched
-                    await unless_gone(self.wait_for_replica(rt, key), gone)
+                    await unless_gone_or_499(self.wait_for_replica(rt, key), gone)
                 call = rq.call = self.route(rt, req, key, scope, rq, t0)
                 if self.regions is not None:  # x-argosy-region; another region if every replica here fails
                     regional(self, call, rt, req, key, scope, inbound)
@@ -307,7 +307,7 @@ class Gateway:
         rt.tokens_in_flight += req.estimate  # queued or admitted: what metric tokens scales on
         try:
             # A free slot is taken at once; only a queued request is watched for its client leaving (a task).
-            waited = 0.0 if rt.admission.try_acquire() else await unless_gone(rt.admission.acquire(prio), gone)
+            waited = 0.0 if rt.admission.try_acquire() else await unless_gone_or_499(rt.admission.acquire(prio), gone)
         except BaseException as e:
             rt.tokens_in_flight -= req.estimate
             if isinstance(e, GatewayError):
@@ -361,7 +361,7 @@ class Gateway:
             if call.stream:  # the stream checks `gone` between chunks
                 await self.proxy.forward(call, send, gone)
             else:
-                await unless_gone(self.proxy.forward(call, send, None), gone)
+                await unless_gone_or_499(self.proxy.forward(call, send, None), gone)
         except GatewayError as e:
             self.m.rejections.labels(rt.name, e.code, key_class(key)).inc()
             call.status = e.status
@@ -382,12 +382,3 @@ class Gateway:
             log.info("response model=%s status=%s body=%s", rt.name, call.status,
                      b"".join(call.output)[:4000].decode(errors="replace"))
 
-
-async def unless_gone(aw, gone: asyncio.Future):
-    """What `aw` returns, unless the client disconnects first (proxy.unless_gone): then the request ends
-    with 499 client_disconnected (nobody reads it)."""
-    try:
-        return await proxy_unless_gone(aw, gone)
-    except ClientGone:
-        raise GatewayError(499, "the client closed the connection before its answer", "invalid_request_error",
-                           "client_disconnected") from None

@@ -56,6 +56,16 @@ async def unless_gone(aw, disconnected: asyncio.Future | None):
     return task.result()
 
 
+async def unless_gone_or_499(aw, gone: asyncio.Future):
+    """unless_gone for a step of a request's handling: a client that left ends the request with 499
+    client_disconnected (nobody reads it)."""
+    try:
+        return await unless_gone(aw, gone)
+    except ClientGone:
+        raise GatewayError(499, "the client closed the connection before its answer", "invalid_request_error",
+                           "client_disconnected") from None
+
+
 DONE = b"data: [DONE]\n\n"
 JSON_HEADERS = {"content-type": "application/json"}
 

@@ -16,14 +16,14 @@ from typing import TYPE_CHECKING
 
 from argosy.gateway.accounting import account, key_class
 from argosy.gateway.errors import GatewayError
-from argosy.gateway.proxy import Call
+from argosy.gateway.proxy import Call, unless_gone_or_499
 from argosy.gateway.regions.service import Inbound, PeerRoute
 from argosy.gateway.regions.upstream import HOME_URL
 from argosy.gateway.router import RouteRequest
 
 if TYPE_CHECKING:
     from argosy.gateway.app import Gateway
-    from argosy.gateway.asgi import Receive, Scope, Send
+    from argosy.gateway.asgi import Scope, Send
     from argosy.gateway.bodies import ProxiedRequest
     from argosy.gateway.keys import KeyRecord
     from argosy.gateway.traffic import ModelRuntime
@@ -32,8 +32,9 @@ if TYPE_CHECKING:
 
 async def serve_elsewhere(gw: Gateway, rt: ModelRuntime, req: ProxiedRequest, key: KeyRecord | None,
                           scope: Scope, rq: GatewayRequest, t0: float, inbound: Inbound | None,
-                          receive: Receive, send: Send) -> bool:
-    """True when another region answered the request; False when home serves it."""
+                          gone: asyncio.Future, send: Send) -> bool:
+    """True when another region answered the request; False when home serves it. A client that leaves
+    (`gone`) ends the call there too: its connection to the other region's gateway is dropped."""
     regions = gw.regions
     residency = inbound.residency if inbound is not None else regions.residency(scope, key and key.residency)
     rreq = RouteRequest(req.text, req.prompt_tokens, None, residency=residency)
@@ -53,9 +54,11 @@ async def serve_elsewhere(gw: Gateway, rt: ModelRuntime, req: ProxiedRequest, ke
     call = rq.call = Call(rt.name, f"region:{target.region}", req.path, req.body, req.stream, rreq, req.estimate,
                           PeerRoute(mr, target), t0, None, keep_output=keep, trace=rq.trace, headers=headers,
                           request_id=rq.request_id)
-    disconnected = asyncio.ensure_future(receive()) if call.stream else None
     try:
-        await gw.proxy.forward(call, send, disconnected)
+        if call.stream:  # the stream checks `gone` up to its first chunk and between chunks
+            await gw.proxy.forward(call, send, gone)
+        else:
+            await unless_gone_or_499(gw.proxy.forward(call, send, None), gone)
     except GatewayError as e:
         if e.status == 503 and regions.home_can_serve(mr.home, rreq, rt.has_live_upstream()):
             gw.region_metrics.requests.labels(rt.name, regions.name, "fallback").inc()
@@ -65,8 +68,6 @@ async def serve_elsewhere(gw: Gateway, rt: ModelRuntime, req: ProxiedRequest, ke
         gw.m.rejections.labels(rt.name, e.code, key_class(key)).inc()
         raise
     finally:
-        if disconnected is not None and not disconnected.done():
-            disconnected.cancel()
         if rq.call is not None:
             served = call.upstream and next((u.region for u in mr.candidates if u.url == call.upstream), "none")
             gw.region_metrics.requests.labels(rt.name, served or "none", reason).inc()
