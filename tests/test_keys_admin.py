@@ -120,3 +120,47 @@ def test_a_key_name_that_logs_labels_or_urls_would_mangle_is_refused(fleet, tmp_
     assert code == 2 and not key and rule in err and not fleet_file.exists()
     code, listed, _ = keys(capsys, monkeypatch, file_a, "list")
     assert code == 0 and "two words" not in listed and "line" not in listed
+
+
+def test_two_gateways_on_one_machine_each_keep_their_local_admin_credential(tmp_path, capsys, monkeypatch):
+    """A second gateway's start had replaced the first one's local admin credential: its owner's `argosy keys
+    list --url FIRST` was then refused (403) until the first was restarted. Each now has its entry; a
+    gateway that stops takes its entry out, and one that was killed is skipped."""
+    from argosy.gateway import local_admin
+
+    admin_file = str(tmp_path / "admin.json")
+    up = start_upstream("u")
+    _, ops_hash = new_key()
+    cfg = {"keys": [{"name": "ops", "hash": ops_hash}], "models": [{"name": "m", "upstreams": [up.url]}]}
+    gateways = []
+    try:
+        for _ in range(2):
+            gateways.append(start_gateway(cfg, env={"ARGOSY_ADMIN_FILE": admin_file}))
+        a, b = gateways
+        for g in (a, b):
+            code, table, err = keys(capsys, monkeypatch, admin_file, "list", "--url", g.url)
+            assert code == 0 and any(line.startswith("ops ") for line in table.splitlines()), err
+        assert local_admin.read()["url"] == b.url  # `argosy keys` with no --url: the newest gateway
+        b.stop()
+        assert local_admin.read()["url"] == a.url and local_admin.key_for(b.url) is None
+        a.kill()  # no chance to take its entry out: skipped, as its process is gone
+        assert local_admin.read() is None and local_admin.key_for(a.url) is None
+    finally:
+        for g in gateways:
+            g.stop()
+        up.stop()
+
+
+def test_a_credential_file_written_before_it_held_several_gateways_is_still_read(tmp_path, monkeypatch):
+    import json
+
+    from argosy.gateway import local_admin
+
+    monkeypatch.setenv("ARGOSY_ADMIN_FILE", str(tmp_path / "admin.json"))
+    (tmp_path / "admin.json").write_text(json.dumps({"url": "http://0.0.0.0:8000", "key": "sk-argosy-local-old"}))
+    assert local_admin.read()["key"] == "sk-argosy-local-old"
+    assert local_admin.key_for("http://127.0.0.1:8000") == "sk-argosy-local-old"
+    local_admin.issue("http://127.0.0.1:9000")  # a new gateway keeps the old entry beside its own
+    assert local_admin.key_for("http://127.0.0.1:8000") == "sk-argosy-local-old"
+    assert local_admin.read()["url"] == "http://127.0.0.1:9000"
+    assert oct((tmp_path / "admin.json").stat().st_mode & 0o777) == "0o600"

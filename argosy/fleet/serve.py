@@ -231,4 +231,7 @@ def run_serve(args: argparse.Namespace) -> int:
     except OSError as e:  # a read-only home (a container): serve without it, as had been a traceback
         print(f"argosy serve: no local admin credential ({local_admin.credential_path()}: {e.strerror or e}): "
               "with API keys, `argosy status`, `keys` and `rollout` need an admin key", file=sys.stderr, flush=True)
-    return serve_on(app, fleet, sock)
+    try:
+        return serve_on(app, fleet, sock)
+    finally:
+        local_admin.withdraw(url)

@@ -129,7 +129,10 @@ def run_gateway(args: argparse.Namespace) -> int:
     print(f"argosy gateway listening on {url}" + (f" (region {fleet.gateway.region})" if gateway.regions else ""),
           flush=True)
     gateway.local_admin_digest = local_admin.issue(url)  # `argosy keys` on this machine (local_admin.py)
-    return serve_on(gateway, fleet, sock)
+    try:
+        return serve_on(gateway, fleet, sock)
+    finally:
+        local_admin.withdraw(url)
 
 
 def serve_on(app, fleet, sock: socket.socket) -> int:
