@@ -118,6 +118,20 @@ def test_penalties_match_their_definitions():
     assert got[0, 30] != logits[0, 30]
 
 
+@pytest.mark.parametrize("penalty", [1e-300, 1e-45, 1e300])
+def test_a_repetition_penalty_past_float32_keeps_the_logits_finite(penalty):
+    # The request accepts any penalty > 0, as vLLM does; in float32 1e-300 is 0 (a seen token's logit / 0 =
+    # inf, and softmax of inf is NaN: the row sampled token 0 whatever it had seen) and 1e300 is inf.
+    logits = torch.tensor([[4.0, 3.5, 1.0, -1.0] + [-9.0] * (V - 4)] * 2)
+    seqs = [make_seq(prompt=[1, 3], temperature=0.8, repetition_penalty=penalty, seed=5),
+            make_seq(prompt=[1, 3], temperature=0.0)]
+    got = apply_penalties(logits.clone(), seqs)
+    assert torch.isfinite(got).all()
+    tokens = Sampler(V, {EOS})(logits, seqs).token_ids
+    # A tiny penalty makes seen tokens all but certain; a huge one all but rules them out.
+    assert (tokens[0] in (1, 3) if penalty < 1 else tokens[0] != 3) and tokens[1] == 0
+
+
 def test_penalties_steer_greedy_choice_without_touching_caller_logits():
     logits = torch.tensor([[4.0, 3.5, 1.0, -1.0] + [-9.0] * (V - 4)] * 3)
     before = logits.clone()

@@ -75,7 +75,9 @@ def apply_penalties(logits: torch.Tensor, seqs: Seq[Sequence]) -> torch.Tensor:
     rep = [p.repetition_penalty for p in params]
     if any(r != 1.0 for r in rep):
         ids, real = _padded_ids([s.token_ids for s in seqs], logits.shape[-1], device)
-        r = _row_param(rep, real, 1.0)
+        # Any penalty > 0 is accepted (as vLLM's); in float32 1e-300 is 0 and 1e300 inf, and a seen logit / 0
+        # is inf, whose softmax is NaN. Kept where a logit of ~100 stays finite either way.
+        r = _row_param(rep, real, 1.0).clamp(1e-30, 1e30)
         seen = logits.gather(1, ids)
         logits.scatter_(1, ids, torch.where(seen > 0, seen / r, seen * r))
     freq = [p.frequency_penalty for p in params]
