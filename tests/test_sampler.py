@@ -132,6 +132,15 @@ def test_a_repetition_penalty_past_float32_keeps_the_logits_finite(penalty):
     assert (tokens[0] in (1, 3) if penalty < 1 else tokens[0] != 3) and tokens[1] == 0
 
 
+def test_a_top_p_below_float32s_smallest_keeps_the_most_likely_token():
+    # top_p is accepted in (0, 1]; 1e-300 is 0 in float32, where no token's mass above it is "< p": every
+    # token had been dropped, the row was all -inf, and the request sampled token 0 each step.
+    logits = torch.tensor([[1.0, 3.0, 2.0] + [-9.0] * (V - 3)])
+    got = apply_top_p(logits.clone(), [1e-300])
+    assert torch.isfinite(got[0, 1]) and torch.isinf(got[0, [0, 2]]).all()
+    assert Sampler(V, {EOS})(logits, [make_seq(temperature=1.0, top_p=1e-300, seed=3)]).token_ids == [1]
+
+
 def test_penalties_steer_greedy_choice_without_touching_caller_logits():
     logits = torch.tensor([[4.0, 3.5, 1.0, -1.0] + [-9.0] * (V - 4)] * 3)
     before = logits.clone()

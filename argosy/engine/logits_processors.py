@@ -124,6 +124,7 @@ def apply_top_p(logits: torch.Tensor, p: list[float], start_k: int = 256) -> tor
         row_p = p_t if whole else p_t[rows]
         done = torch.ones_like(rows, dtype=torch.bool) if k == vocab_size else cum[:, -1] >= row_p[:, 0]
         keep = (cum - top) < row_p  # an unfinished row is rewritten by a wider pass
+        keep[:, 0] = True  # the most likely token, whatever p: a p under float32's smallest (1e-300) is 0 there
         row_drop = torch.ones(len(rows), vocab_size, dtype=torch.bool, device=logits.device).scatter_(1, order, ~keep)
         if whole:
             drop = row_drop
