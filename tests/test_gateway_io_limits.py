@@ -112,6 +112,46 @@ def test_connections_to_an_upstream_are_bounded():
         up.stop()
 
 
+def test_an_idle_kept_alive_connection_outlives_common_client_pools():
+    """uvicorn closes an idle kept-alive connection at 5 s, the idle expiry of httpx's pool (and so of the
+    openai client's): a request sent on it just then failed with the server never having read it (a bench
+    client saw ServerDisconnectedError). The gateway keeps it until a new request head would be too slow."""
+    up = FakeUpstream("ok")
+    gw = gateway_for(up, request_header_timeout_s=8.0)
+    p = urlsplit(gw.url)
+    body = json.dumps(BODY).encode()
+    request = (b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+               b"content-length: %d\r\n\r\n%s" % (len(body), body))
+
+    def answer(s: socket.socket) -> bytes:
+        data = b""
+        while b"\r\n\r\n" not in data:
+            piece = s.recv(65536)
+            if not piece:
+                raise ConnectionError("the gateway closed the kept-alive connection")
+            data += piece
+        head, rest = data.split(b"\r\n\r\n", 1)
+        length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
+                          if line.lower().startswith(b"content-length")))
+        while len(rest) < length:
+            rest += s.recv(65536)
+        return head
+
+    try:
+        with socket.create_connection((p.hostname, p.port), timeout=20) as s:
+            s.sendall(request)
+            assert answer(s).startswith(b"HTTP/1.1 200")
+            time.sleep(6.0)  # past uvicorn's 5 s
+            s.sendall(request)
+            assert answer(s).startswith(b"HTTP/1.1 200")
+            t0 = time.monotonic()
+            assert s.recv(65536) == b""  # and closed once idle past request_header_timeout_s
+            assert 6 < time.monotonic() - t0 < 12
+    finally:
+        gw.stop()
+        up.stop()
+
+
 def test_a_client_body_that_stalls_is_cut_off():
     """A head complete in time, then a body that stops (slow POST): the connection was held for ever, as a
     slow-loris head was before request_header_timeout_s. Its body may not stall that long between reads

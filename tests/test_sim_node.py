@@ -277,6 +277,27 @@ def test_the_engine_thread_is_named_for_the_os_and_left_out_of_the_serving_cpu()
     t.join()
 
 
+def test_the_node_is_kept_busy_by_idle_priority_spinners_only_while_measured():
+    import os
+
+    from argosy.sim.measure_node import _tree, cores_kept_busy
+
+    def spinners() -> list[int]:
+        return [pid for pid in _tree(os.getpid())[1:] if os.sched_getscheduler(pid) == os.SCHED_IDLE]
+
+    with cores_kept_busy():
+        deadline = time.monotonic() + 10
+        while len(spinners()) < len(os.sched_getaffinity(0)) and time.monotonic() < deadline:
+            time.sleep(0.05)  # each sets its own policy as it starts
+        found = spinners()
+        assert len(found) == len(os.sched_getaffinity(0))  # one a core, at idle priority
+        busy = sum(int(open(f"/proc/{pid}/stat").read().split(")")[1].split()[11]) for pid in found)
+        time.sleep(0.5)
+        assert sum(int(open(f"/proc/{pid}/stat").read().split(")")[1].split()[11]) for pid in found) > busy
+    assert not any(os.path.exists(f"/proc/{pid}") and open(f"/proc/{pid}/stat").read().split(")")[1].split()[0] != "Z"
+                   for pid in found)  # gone with the measurement
+
+
 def test_a_cpu_watch_keeps_what_a_thread_spent_before_it_ended():
     # A replica the autoscaler stops mid-run takes its threads out of /proc: what they spent up to the last
     # look still counts, as an engine's or not.

@@ -138,9 +138,12 @@ async def send(session: aiohttp.ClientSession, ep: Endpoint, body: dict[str, Any
 
 def new_session(max_connections: int) -> aiohttp.ClientSession:
     """One session, one pool for the whole run. limit=0 means unbounded: the pool must never queue a
-    request the schedule says is due (that would show up as server latency)."""
+    request the schedule says is due (that would show up as server latency). A pooled connection idle for
+    4 s is closed, not reused: uvicorn (vLLM's server) and llama-server close theirs at 5 s, and a request
+    sent on a connection the server is closing fails (ServerDisconnectedError) though the server never read
+    it, which would count against the server under test."""
     conn = aiohttp.TCPConnector(limit=max_connections, limit_per_host=0, ttl_dns_cache=300,
-                                keepalive_timeout=60)
+                                keepalive_timeout=4)
     return aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=None))
 
 

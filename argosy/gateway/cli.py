@@ -8,6 +8,7 @@ endpoints need the admin key whatever else is set (admin.require_admin).
 from __future__ import annotations
 
 import argparse
+import math
 import signal
 import socket
 import sys
@@ -146,9 +147,15 @@ def serve_on(app, fleet, sock: socket.socket) -> int:
     from argosy.gateway.connections import guarded_protocol
     from argosy.gateway.shutdown import AnswerOnCancel
 
+    # An idle kept-alive connection waits for its next request head as long as a new one may take for its
+    # head (request_header_timeout_s, 30 s; nginx keeps one 75 s). uvicorn's own 5 s is the idle expiry of
+    # httpx's and the openai client's pools: a client could send on a connection the gateway was closing,
+    # and got a ServerDisconnectedError for a request never read (once in 2,368 of a bursty bench run).
+    keep_alive_s = max(1, math.ceil(fleet.gateway.request_header_timeout_s))
     cfg = uvicorn.Config(AnswerOnCancel(app), http=guarded_protocol(fleet.gateway.request_header_timeout_s),
                          lifespan="on", access_log=False, log_level="warning", ssl_certfile=tls.cert,
                          ssl_keyfile=tls.key, timeout_graceful_shutdown=fleet.gateway.drain_timeout_s,
+                         timeout_keep_alive=keep_alive_s,
                          log_config=None, proxy_headers=False, server_header=False)
     # uvicorn shuts down gracefully on SIGTERM, then raises the signal again so the exit status says why it
     # ended; that re-raise reaches this handler: a requested, completed stop exits 0 (`podman stop`,

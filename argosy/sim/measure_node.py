@@ -7,14 +7,14 @@ a quarter of a core at 1,700 tok/s, which the engines then lack.
 
 Measured here: `argosy serve` with one replica (the engine limits given) and `argosy bench` in closed
 loop at concurrency 1, 4 and 16, outputs of OUTPUT tokens, plus one run of short outputs at concurrency
-1, each run three times in turn and the median kept. The CPU time of every thread of the serve process
-and its replicas except the engine's (named `argosy-engine`, with its OpenMP workers), plus the bench's
-over its run (as it counts it: its start left out), over the output tokens, is the node's CPU per token
-at that concurrency; the difference between the long and the short outputs at concurrency 1 splits off
-what a request costs by itself. The per-token cost falls with concurrency (a wake-up of the event loops
-carries more chunks), so it is kept by batch, as the serving table is. Last, a replica is started beside
-the serving one under load: the CPU time its start takes there is what the sim paces a start on a busy
-node by (more than alone, where CPU time ~ wall time).
+1, each run three times in turn and the median kept, with no core let idle (cores_kept_busy). The CPU
+time of every thread of the serve process and its replicas except the engine's (named `argosy-engine`,
+with its OpenMP workers), plus the bench's over its run (as it counts it: its start left out), over the
+output tokens, is the node's CPU per token at that concurrency; the difference between the long and the
+short outputs at concurrency 1 splits off what a request costs by itself. The per-token cost falls with
+concurrency (a wake-up of the event loops carries more chunks), so it is kept by batch, as the serving
+table is. Last, a replica is started beside the serving one under load: the CPU time its start takes
+there is what the sim paces a start on a busy node by (more than alone, where CPU time ~ wall time).
 """
 
 from __future__ import annotations
@@ -200,6 +200,28 @@ def _run(url: str, root: int, concurrency: int, n: int, prompt_tokens: int, outp
     return cpu, sum(r["output_tokens"] for r in ok), len(ok)
 
 
+_SPIN = "import os\nos.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))\nwhile True: pass\n"
+
+
+@contextlib.contextmanager
+def cores_kept_busy():
+    """A spinning process at idle priority (SCHED_IDLE) on every core this process may use: it runs only when
+    nothing else wants the core, so it takes no CPU from the serving threads, but no core ever goes idle.
+    The figures are then those of a busy node, where the sim uses them: on this 2-core VM, 1 to 16 streams
+    on an otherwise idle node left the cores halting between chunks, and each wake-up's cost drifted with the
+    host (CPU per request at 16 streams 6.5-10.8 ms in three runs minutes apart, 7.3-7.6 ms with spinners
+    between them)."""
+    spinners = [subprocess.Popen([sys.executable, "-c", _SPIN], stdin=subprocess.DEVNULL)
+                for _ in os.sched_getaffinity(0)]
+    try:
+        yield
+    finally:
+        for s in spinners:
+            s.kill()
+        for s in spinners:
+            s.wait()
+
+
 def _median_run(runs: list[tuple[float, int, int]]) -> tuple[float, int, int]:
     """The run whose CPU per request is the median of `runs` (CPU seconds, tokens, requests each)."""
     return sorted(runs, key=lambda r: r[0] / r[2])[len(runs) // 2]
@@ -256,17 +278,18 @@ def measure_node(model: str, prof: StepProfile, *, max_num_seqs: int, token_budg
             idle0, t0 = serving_cpu_s(proc.pid), time.monotonic()
             time.sleep(2.0)  # health checks and scrapes: the node's CPU with nothing to serve
             idle = (serving_cpu_s(proc.pid) - idle0) / (time.monotonic() - t0)
-            # Each run ROUNDS times, interleaved, and the median kept: one run in a noisy minute had read the
-            # node's CPU per request 45% above the runs either side of it.
+            # Each run ROUNDS times, interleaved, and the median kept: the rounds of one profile were up to 43%
+            # apart at 4 streams.
             levels = [c for c in CONCURRENCY if c <= max_num_seqs]
             shorts: list[tuple[float, int, int]] = []
             longs: dict[int, list[tuple[float, int, int]]] = {c: [] for c in levels}
-            for _ in range(rounds):
-                shorts.append(_run(url, proc.pid, 1, requests, prompt_tokens, SHORT_OUTPUT, Path(tmp) / "short.json",
-                                   idle))
-                for c in levels:
-                    longs[c].append(_run(url, proc.pid, c, requests, prompt_tokens, output_tokens,
-                                         Path(tmp) / f"c{c}.json", idle))
+            with cores_kept_busy():
+                for _ in range(rounds):
+                    shorts.append(_run(url, proc.pid, 1, requests, prompt_tokens, SHORT_OUTPUT,
+                                       Path(tmp) / "short.json", idle))
+                    for c in levels:
+                        longs[c].append(_run(url, proc.pid, c, requests, prompt_tokens, output_tokens,
+                                             Path(tmp) / f"c{c}.json", idle))
             short = _median_run(shorts)
             runs = {c: _median_run(v) for c, v in longs.items()}
             start_cpu = _start_cpu_under_load(url, model, engine, prompt_tokens, output_tokens, Path(tmp))
