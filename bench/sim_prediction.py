@@ -10,10 +10,11 @@
    with the profile, the same fleet file and the same autoscaler, the replicas sharing this machine's
    cores as the real ones do (`--node-cores`: one engine thread each, plus the profile's CPU per token
    for the gateway, the event loops and the load generator), with nothing refitted;
-4. print measured against predicted TTFT p50/p90, TPOT p50, output throughput and the mean number of
-   ready replicas, with % errors (target: each within 15%); with --repeat, each trace is served a second
-   time on a fresh fleet and the two measurements are compared too: how far the real fleet is from
-   itself on this machine, which no prediction can be expected to beat.
+4. print measured against predicted TTFT p50/p90, TPOT p50, output throughput and the mean number of ready
+   replicas, with % errors (target: each within 15%), and how fast the host ran a fixed piece of work around
+   each load against at the profile (a shared VM's speed moves under everything); with --repeat, each trace
+   is served a second time on a fresh fleet and the two measurements are compared too: how far the real
+   fleet is from itself on this machine, which no prediction can be expected to beat.
 
     .venv/bin/python bench/sim_prediction.py [--duration 90] [--node-cores 2] [--loads 0.3,0.6,0.9] [--repeat]
 
@@ -75,6 +76,21 @@ def profile_once(ckpt: str, log) -> object:
     import dataclasses
 
     return dataclasses.replace(prof, cold_start_s=cold)
+
+
+def host_work_s(samples: int = 21) -> float:
+    """Seconds a fixed piece of Python work takes on this host (the median of `samples`, a little apart): taken
+    at the profile and around each load, it says whether the host itself changed speed between them (on a
+    shared VM it does, by up to 2x within a minute), which no prediction from the profile can know."""
+    times = []
+    for _ in range(samples):
+        t = time.perf_counter()
+        x = 0
+        for i in range(200_000):
+            x += i
+        times.append(time.perf_counter() - t)
+        time.sleep(0.02)
+    return float(np.median(times))
 
 
 def sim_run(prof, fleet_path: Path, spec, node_cores: float, replicas: int | None = None):
@@ -195,7 +211,9 @@ def main() -> int:
     fleet = fleet_file(tmp, ckpt)
     log = lambda m: print("   " + m, flush=True)  # noqa: E731
     print("1/3 profiling one replica at low load (the only input the simulator gets) ...", flush=True)
+    work0 = host_work_s()
     prof = profile_once(ckpt, log)
+    work_profile = (work0 + host_work_s()) / 2
     prof.save(tmp / "profile.json")
     cap = capacity(prof, fleet, args.node_cores)
     print(f"   the profile says three replicas serve {cap:.1f} req/s on {args.node_cores:g} cores", flush=True)
@@ -215,7 +233,9 @@ def main() -> int:
                                                    strict=False)))
         print(f"2/3 [{name}] {len(reqs.arrival_s)} requests over {spec.duration_s:g} s through argosy serve ...",
               flush=True)
+        work_before = host_work_s()
         counts, cpu = serve_and_bench(fleet, sent, tmp / f"bench-{i}.json")
+        work_after = host_work_s()
         records = json.loads((tmp / f"bench-{i}.json").read_text())["runs"][0]["records"]
         ok = [r for r in records if r["ok"]]
         replay = tmp / f"replay-{i}.jsonl"  # what was really sent, with the token counts the server gave
@@ -233,6 +253,8 @@ def main() -> int:
                                                    "outside": sim_cpu["outside"], "starts": sim_cpu["starts"]}}
         row = {"load": name, "requests": len(records), "ok": len(ok), "measured": meas, "predicted": pred,
                "node_cpu_s": node_cpu,
+               # The fixed work's time around the load over its time at the profile: > 1, the host was slower.
+               "host_slowdown": {"before": work_before / work_profile, "after": work_after / work_profile},
                "replicas_measured": counts,
                "replicas_predicted": [(r["t"], sum(r["replicas"].values())) for r in res["timeline"]]}
         if args.repeat:  # the same requests again on a fresh fleet: how far the fleet is from itself
@@ -260,6 +282,9 @@ def main() -> int:
         print(f"node CPU (CPU-s): engines {m['engines']:.1f} measured, {p['engines']:.1f} predicted; outside them "
               f"{m['outside']:.1f} measured, {p['outside']:.1f} predicted; replica starts {p['starts']:.1f} predicted "
               "(measured: in the two before)", flush=True)
+        h = row["host_slowdown"]
+        print(f"the host against itself at the profile (a fixed piece of work): x{h['before']:.2f} before this load, "
+              f"x{h['after']:.2f} after it (> 1: slower)", flush=True)
         print(flush=True)
     print(f"worst error {worst * 100:.1f}% over {len(rows)} loads (target: each within 15%)")
     if args.repeat:

@@ -324,16 +324,16 @@ def test_measure_node_behind_a_real_gateway(tmp_path):
     ckpt = tmp_path / "tiny"
     make_random_model(ckpt, size="tiny", vocab_size=512)
     prof = measure_node(str(ckpt), constant_profile(), max_num_seqs=4, token_budget=64, kv_cache_memory_gib=0.05,
-                        prompt_tokens=16, output_tokens=32, requests=48, log=lambda m: None)
+                        prompt_tokens=16, output_tokens=32, requests=32, rounds=2, log=lambda m: None)
     assert [s for s, _ in prof.node_token_cpu_table] == [1.0, 4.0]  # the streams up to max_num_seqs
     assert all(cpu >= 0 for _, cpu in prof.node_token_cpu_table)
     # A token behind a gateway costs tens to hundreds of microseconds of Python, not nothing or a second.
     assert 1e-5 < prof.node_token_cpu_table[0][1] < 0.05
     assert prof.cold_start_cpu_s > 0.5  # a start takes seconds of CPU (imports, load, warm-up)
     assert prof.notes["node"]["start_cpu_s"] == prof.cold_start_cpu_s
-    # Each level was run three times in turn; the table holds the median round (a noisy run is outvoted).
+    # Each level was run `rounds` times in turn; the table holds the median round (of two: the higher).
     rounds = prof.notes["node"]["rounds"]
-    assert sorted(rounds) == ["1", "4", "short"] and all(len(v) == 3 for v in rounds.values())
+    assert sorted(rounds) == ["1", "4", "short"] and all(len(v) == 2 for v in rounds.values())
     cpu, tokens = sorted(rounds["4"])[1]
     assert prof.node_token_cpu_table[1][1] == pytest.approx(max(cpu - prof.node_request_cpu_s, 0) / tokens)
 
