@@ -298,6 +298,40 @@ def test_the_node_is_kept_busy_by_idle_priority_spinners_only_while_measured():
                    for pid in found)  # gone with the measurement
 
 
+def test_spinners_end_with_a_profile_that_was_killed():
+    # A killed `argosy profile` had left its spinners taking every core for ever (SIGKILL runs no finally).
+    import signal
+    import subprocess
+    import sys
+
+    from argosy.sim.measure_node import _tree
+
+    code = ("import time\nfrom argosy.sim.measure_node import spinning_on_every_core\n"
+            "with spinning_on_every_core(idle_priority=False):\n    time.sleep(60)\n")
+    parent = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        deadline = time.monotonic() + 20
+        while len(_tree(parent.pid)) < 1 + len(os.sched_getaffinity(0)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        spinners = _tree(parent.pid)[1:]
+        assert len(spinners) == len(os.sched_getaffinity(0))
+    finally:
+        parent.send_signal(signal.SIGKILL)
+        parent.wait()
+
+    def running(pid: int) -> bool:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                return f.read().split(")")[1].split()[0] != "Z"
+        except OSError:
+            return False
+
+    deadline = time.monotonic() + 5
+    while any(running(pid) for pid in spinners) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(running(pid) for pid in spinners)
+
+
 def test_a_cpu_watch_keeps_what_a_thread_spent_before_it_ended():
     # A replica the autoscaler stops mid-run takes its threads out of /proc: what they spent up to the last
     # look still counts, as an engine's or not.

@@ -98,7 +98,7 @@ class Call:
     failover: Any = None
     fallback: tuple[str, Router] | None = None  # (the stable revision, its router): where a request goes
     # when its own revision has no upstream left before the first byte
-    refused: str = ""  # the last upstream's refusal ("503 (busy) from URL"): said in the final 503
+    refused: tuple[str, bool] | None = None  # the last upstream's refusal: (what, whether busy), for the final 503
     ttft: float | None = None  # streamed: seconds to the first chunk
     gaps: list[float] | None = None  # streamed, when the model records samples: seconds between chunks
 
@@ -127,7 +127,7 @@ class Proxy:
     async def forward(self, call: Call, send, disconnected: asyncio.Future | None) -> None:
         self.budget = min(10.0, self.budget + self.retry_rate)
         tried: set[str] = set()
-        last_error = "no live upstream"
+        last_error, busy = "no live upstream", False  # the last refusal, and whether it said "busy"
         while True:
             route = call.trace.child("gateway.route", {"argosy.revision": call.route}) if call.trace else None
             u = call.router.choose(call.rreq, tried)
@@ -142,7 +142,7 @@ class Proxy:
                 route.set_attribute("argosy.upstream", u.url if u is not None else "none")
                 route.end()
             if u is None:
-                what = "its upstreams are busy" if "(busy)" in last_error else "no live upstream"
+                what = "its upstreams are busy" if busy else "no live upstream"
                 raise unavailable(f"model {call.model!r}: {what} ({last_error}); retry later", "no_upstream",
                                   retry_after=self.retry_after)
             tried.add(u.url)
@@ -163,7 +163,7 @@ class Proxy:
                                    "upstream_timeout", retry_after=self.retry_after) from None
             except (TimeoutError, aiohttp.ClientError, OSError) as e:
                 u.failure()
-                last_error = f"{type(e).__name__} from {u.url}"
+                last_error, busy = f"{type(e).__name__} from {u.url}", False
                 log.warning("upstream %s failed before the first byte: %s", u.url, type(e).__name__)
                 done = False
                 if span is not None:
@@ -174,10 +174,10 @@ class Proxy:
                     span.end()
             if done:
                 return
-            if call.refused:
-                last_error, call.refused = call.refused, ""
+            if call.refused is not None:
+                (last_error, busy), call.refused = call.refused, None
             if not self._may_retry(call):
-                what = "its upstreams are busy" if "(busy)" in last_error else "upstream failed"
+                what = "its upstreams are busy" if busy else "upstream failed"
                 raise unavailable(f"model {call.model!r}: {what} ({last_error}); retry later",
                                   "upstream_unavailable", retry_after=self.retry_after)
             self.m.retries.labels(call.model, u.url).inc()
@@ -205,7 +205,7 @@ class Proxy:
                 busy = resp.status == 429 or (resp.status == 503 and "retry-after" in resp.headers)
                 if not busy:
                     u.failure()
-                call.refused = f"{resp.status}{' (busy)' if busy else ''} from {u.url}"
+                call.refused = (f"{resp.status}{' (busy)' if busy else ''} from {u.url}", busy)
                 return False
             ctype = resp.headers.get("content-type", "application/json").encode()
             if not call.stream or resp.status != 200 or not ctype.startswith(b"text/event-stream"):
@@ -232,6 +232,7 @@ class Proxy:
                 return True  # releasing resp aborts the upstream request
             if not first:
                 u.failure()
+                call.refused = (f"a stream that ended before its first chunk from {u.url}", False)
                 return False
             u.success()
             call.status = 200

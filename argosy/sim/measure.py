@@ -18,11 +18,8 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
-import os
 import random
 import statistics
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 
@@ -31,6 +28,7 @@ import numpy as np
 from argosy.engine.config import EngineConfig
 from argosy.engine.llm_engine import LLMEngine
 from argosy.engine.sampling_params import SamplingParams
+from argosy.sim.measure_node import spinning_on_every_core
 from argosy.sim.profile import StepProfile, model_shape
 
 NEIGHBOURS = (1, 2, 3)  # replicas' worth of weights through the cache between two steps
@@ -185,16 +183,9 @@ def _time_slice(probe: _Prober) -> tuple[float, float]:
         return times
 
     alone = steps()
-    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"], stdin=subprocess.DEVNULL)
-            for _ in os.sched_getaffinity(0)]
-    try:
+    with spinning_on_every_core(idle_priority=False):
         time.sleep(0.5)  # every one of them spinning
         shared = steps()
-    finally:
-        for hog in hogs:
-            hog.kill()
-        for hog in hogs:
-            hog.wait()
     alone += steps()
     q = slice_from_steps(alone, shared)
     share = float(np.mean(np.asarray(shared) - statistics.median(alone) > q / 2)) if q else 0.0

@@ -200,19 +200,19 @@ def _run(url: str, root: int, concurrency: int, n: int, prompt_tokens: int, outp
     return cpu, sum(r["output_tokens"] for r in ok), len(ok)
 
 
-_SPIN = "import os\nos.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))\nwhile True: pass\n"
+# A spinner checks every couple of ms that its parent is still there: a spinner left behind by a killed
+# profile would take a core for ever.
+_SPIN = ("import os, sys\nparent = int(sys.argv[1])\n"
+         "if sys.argv[2] == 'idle':\n    os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))\n"
+         "while os.getppid() == parent:\n    for _ in range(50_000):\n        pass\n")
 
 
 @contextlib.contextmanager
-def cores_kept_busy():
-    """A spinning process at idle priority (SCHED_IDLE) on every core this process may use: it runs only when
-    nothing else wants the core, so it takes no CPU from the serving threads, but no core ever goes idle.
-    The figures are then those of a busy node, where the sim uses them: on this 2-core VM, 1 to 16 streams
-    on an otherwise idle node left the cores halting between chunks, and each wake-up's cost drifted with the
-    host (CPU per request at 16 streams 6.5-10.8 ms in three runs minutes apart, 7.3-7.6 ms with spinners
-    between them)."""
-    spinners = [subprocess.Popen([sys.executable, "-c", _SPIN], stdin=subprocess.DEVNULL)
-                for _ in os.sched_getaffinity(0)]
+def spinning_on_every_core(idle_priority: bool):
+    """A spinning process on every core this process may use, for the block's length and never beyond this
+    process's life. At idle priority (SCHED_IDLE) it runs only when nothing else wants the core."""
+    spinners = [subprocess.Popen([sys.executable, "-c", _SPIN, str(os.getpid()), "idle" if idle_priority else "0"],
+                                 stdin=subprocess.DEVNULL) for _ in os.sched_getaffinity(0)]
     try:
         yield
     finally:
@@ -220,6 +220,15 @@ def cores_kept_busy():
             s.kill()
         for s in spinners:
             s.wait()
+
+
+def cores_kept_busy():
+    """Idle-priority spinners on every core: they take no CPU from the serving threads, but no core ever goes
+    idle. The figures are then those of a busy node, where the sim uses them: on this 2-core VM, 1 to 16
+    streams on an otherwise idle node left the cores halting between chunks, and each wake-up's cost drifted
+    with the host (CPU per request at 16 streams 6.5-10.8 ms in three runs minutes apart, 7.3-7.6 ms with
+    spinners between them)."""
+    return spinning_on_every_core(idle_priority=True)
 
 
 def _median_run(runs: list[tuple[float, int, int]]) -> tuple[float, int, int]:
