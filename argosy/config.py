@@ -13,7 +13,6 @@ from typing import Annotated, Any, Literal
 from pydantic import (
     AfterValidator,
     BaseModel,
-    ConfigDict,
     Field,
     ValidationError,
     create_model,
@@ -30,6 +29,7 @@ from argosy.config_regions import (  # regions and region_routing: a leaf module
     check_regions,
 )
 from argosy.config_rollout import RolloutConfig  # models[].rollout: a leaf module (docs/rollouts.md)
+from argosy.config_section import ConfigSection  # extra keys and a yes/no for a number refused
 from argosy.config_yaml import YamlFileError, read_yaml
 from argosy.engine.config import EngineConfig
 from argosy.engine.settings import settings_of
@@ -40,16 +40,12 @@ from argosy.gateway.routing.presets import POLICY_NAMES, PRESETS
 from argosy.gateway.routing.scorers import SCORERS
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", protected_namespaces=())
-
-
-class GPUSpec(_Strict):
+class GPUSpec(ConfigSection):
     model: str
     memory_gib: float = Field(gt=0)
 
 
-class NodeConfig(_Strict):
+class NodeConfig(ConfigSection):
     name: str
     provider: str = "local"
     gpus: list[GPUSpec] = []
@@ -77,13 +73,13 @@ def _engine_section() -> type[BaseModel]:
         hint = (declared.kind | None) if declared.nullable else declared.kind
         fields[name] = (Annotated[hint, AfterValidator(declared.check)],
                         Field(declared.field.default, description=declared.setting.help))
-    return create_model("EngineSection", __base__=_Strict, **fields)
+    return create_model("EngineSection", __base__=ConfigSection, **fields)
 
 
 EngineSection = _engine_section()
 
 
-class RoutingConfig(_Strict):
+class RoutingConfig(ConfigSection):
     policy: Literal[POLICY_NAMES] = "least_load"  # a preset of scorer weights (gateway/routing/presets.py)
     scorers: dict[str, float] | None = None  # scorer weights instead of the policy's preset, e.g. {prefix: 2, load: 1}
     balance_abs: int = Field(32, ge=0)  # prefix: leave cache affinity when in-flight differs by more than this...
@@ -115,13 +111,13 @@ class RoutingConfig(_Strict):
         return dict(self.scorers if self.scorers is not None else PRESETS[self.policy])
 
 
-class LengthClass(_Strict):
+class LengthClass(ConfigSection):
     max_prompt_tokens: int = Field(ge=1)
     replicas: int = Field(1, ge=0)  # with model-level upstreams: this class takes the next `replicas` of them
     upstreams: list[str] | None = None  # or name the class's upstreams explicitly
 
 
-class AutoscalingConfig(_Strict):
+class AutoscalingConfig(ConfigSection):
     min_replicas: int = Field(1, ge=0)
     max_replicas: int = Field(8, ge=1)
     metric: Literal[METRIC_NAMES] = "concurrency"  # fleet/scaling_metrics.py
@@ -150,7 +146,7 @@ class AutoscalingConfig(_Strict):
         return self
 
 
-class AdmissionConfig(_Strict):
+class AdmissionConfig(ConfigSection):
     max_in_flight: int = Field(256, ge=1)
     max_queue: int = Field(512, ge=0)
     queue_timeout_s: float = Field(30, gt=0)
@@ -158,13 +154,13 @@ class AdmissionConfig(_Strict):
 
 # A guardrail step is a one-key mapping, as in the example file: {pii: redact}, {blocklist: [...]},
 # {regex: [...]}, {max_prompt_tokens: N}, {moderation_url: URL}.
-class TrafficRoute(_Strict):
+class TrafficRoute(ConfigSection):
     revision: str
     weight: float = Field(ge=0)
     upstreams: list[str] | None = None  # gateway-only fleets name each revision's upstreams
 
 
-class ShadowConfig(_Strict):
+class ShadowConfig(ConfigSection):
     revision: str
     sample: float = Field(ge=0, le=1)
     upstreams: list[str] | None = None
@@ -174,7 +170,7 @@ class ShadowConfig(_Strict):
 ENCODER_TOKENS_TARGET = 4096  # metric tokens: tokens in flight per replica (about one CPU batch)
 
 
-class RevisionConfig(_Strict):
+class RevisionConfig(ConfigSection):
     """One revision of a managed model: what its replicas run. Fields left out are the model's."""
     name: str = Field(min_length=1)
     checkpoint: str | None = None
@@ -182,7 +178,7 @@ class RevisionConfig(_Strict):
     autoscaling: AutoscalingConfig | None = None  # the fields given replace the model's (scaled per revision)
 
 
-class ModelConfig(_Strict):
+class ModelConfig(ConfigSection):
     name: str = Field(min_length=1)
     # generate: chat and completions; embed: embeddings (and rerank by embedding similarity);
     # rerank: a cross-encoder. The gateway refuses an endpoint the kind does not serve (docs/components.md).
@@ -321,7 +317,7 @@ class ResolvedRevision:
     autoscaling: AutoscalingConfig
 
 
-class FleetConfig(_Strict):
+class FleetConfig(ConfigSection):
     gateway: GatewayConfig = GatewayConfig()
     state_file: str | None = None  # rollout state without redis_url (default: per fleet file, under ~/.local/state)
     keys: list[KeyConfig] = []

@@ -10,14 +10,12 @@ from __future__ import annotations
 import datetime
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
+
+from argosy.config_section import ConfigSection
 
 
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", protected_namespaces=())
-
-
-class TLSConfig(_Section):
+class TLSConfig(ConfigSection):
     cert: str | None = None
     key: str | None = None
 
@@ -28,7 +26,7 @@ class TLSConfig(_Section):
         return self
 
 
-class GatewayConfig(_Section):
+class GatewayConfig(ConfigSection):
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
     redis_url: str | None = None  # limits, counters, prefix index and in-flight counts shared by gateways
@@ -61,7 +59,7 @@ class GatewayConfig(_Section):
     drain_timeout_s: float = Field(8.0, ge=0)
 
 
-class KeyConfig(_Section):
+class KeyConfig(ConfigSection):
     name: str
     hash: str
     models: list[str] | None = None  # None: every model
@@ -86,7 +84,7 @@ class KeyConfig(_Section):
         return v.replace(tzinfo=datetime.UTC) if v is not None and v.tzinfo is None else v
 
 
-class GuardrailStep(_Section):
+class GuardrailStep(ConfigSection):
     pii: Literal["redact", "block"] | None = None
     blocklist: list[str] | None = None
     regex: list[str] | None = None
@@ -102,7 +100,7 @@ class GuardrailStep(_Section):
         return self
 
 
-class GuardrailsConfig(_Section):
+class GuardrailsConfig(ConfigSection):
     input: list[GuardrailStep] = []
     output: list[GuardrailStep] = []
     stream_window_chars: int = Field(64, ge=1)  # output text held back on streams so a split match is caught

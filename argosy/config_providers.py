@@ -8,24 +8,22 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field, ValidationError
+
+from argosy.config_section import ConfigSection
 
 
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", protected_namespaces=())
-
-
-class LocalProviderOptions(_Section):
+class LocalProviderOptions(ConfigSection):
     python: str | None = None  # interpreter for `argosy engine` children (default: this one)
 
 
-class RayProviderOptions(_Section):
+class RayProviderOptions(ConfigSection):
     address: str | None = None  # an existing cluster (ray://host:10001 or host:6379); None: a local one
     namespace: str = "argosy"
     num_cpus: float = Field(1.0, ge=0)  # CPUs each replica actor requests
 
 
-class KubernetesProviderOptions(_Section):
+class KubernetesProviderOptions(ConfigSection):
     """providers.kubernetes: each replica a Pod (docs/deploy.md, docs/kubernetes.md)."""
     kubeconfig: str | None = None  # None: the in-cluster service account, else $KUBECONFIG / ~/.kube/config
     context: str | None = None  # a kubeconfig context (None: its current one)
@@ -57,7 +55,7 @@ class KubernetesProviderOptions(_Section):
     resync_s: float = Field(30, gt=0)  # full re-list of pods and nodes besides the watches
 
 
-PROVIDER_OPTIONS: dict[str, type[_Section]] = {"local": LocalProviderOptions, "ray": RayProviderOptions,
+PROVIDER_OPTIONS: dict[str, type[ConfigSection]] = {"local": LocalProviderOptions, "ray": RayProviderOptions,
                                                "kubernetes": KubernetesProviderOptions}
 
 

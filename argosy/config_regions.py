@@ -10,18 +10,18 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
+
+from argosy.config_section import ConfigSection
 
 CAPACITY_KINDS = ("reserved", "on_demand", "spot")
 CapacityKind = Literal["reserved", "on_demand", "spot"]
 CPU_UNIT = "cpu"  # a capacity entry of CPU replica slots: `count` replicas, `usd_per_hour` each
 
 
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid")
 
 
-class CapacityConfig(_Section):
+class CapacityConfig(ConfigSection):
     """One kind of capacity in a region: `count` GPUs of type `gpu` at `usd_per_hour` each (per GPU-hour).
     With `gpu: cpu` the units are CPU replicas (count of them, price per replica-hour)."""
     gpu: str = Field(min_length=1)
@@ -29,7 +29,7 @@ class CapacityConfig(_Section):
     usd_per_hour: float = Field(ge=0)
 
 
-class RegionSection(_Section):
+class RegionSection(ConfigSection):
     """One region; argosy/config.py's RegionConfig adds `nodes` (NodeConfig + a capacity kind)."""
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
     provider: str = Field(min_length=1)  # the cloud or site: aws, gcp, coreweave, onprem (any name)
@@ -58,14 +58,14 @@ class RegionSection(_Section):
         return {m: [u.rstrip("/") for u in urls] for m, urls in v.items()}
 
 
-class RegionWeights(_Section):
+class RegionWeights(ConfigSection):
     """The region scorers' weights when a request leaves its region (gateway/routing/scorers.py)."""
     latency: float = Field(1.0, ge=0)  # the lowest measured round trip
     load: float = Field(1.0, ge=0)  # the most free capacity (share of the region's capacity not in use)
     price: float = Field(0.25, ge=0)  # the cheapest capacity kind running there ($/h per replica)
 
 
-class RegionRoutingConfig(_Section):
+class RegionRoutingConfig(ConfigSection):
     exchange_interval_s: float = Field(1.0, gt=0)  # gateways exchange health, load and free capacity this often
     exchange_timeout_s: float = Field(1.0, gt=0)
     # A region's model is saturated when requests in flight there reach spill_at x its capacity (live replicas

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
+
+from argosy.config_section import ConfigSection
 
 STRATEGIES = ("canary", "blue-green", "rolling")
 # Gate metrics, and whether a lower value is the better one (bounds: max/max_ratio) or a higher (min/min_ratio).
@@ -18,11 +20,9 @@ GateMetric = Literal["error_rate", "ttft_p50", "ttft_p95", "itl_p95", "e2e_p50",
                      "tokens_per_s_per_replica", "shadow_agreement"]
 
 
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid")
 
 
-class CanaryStep(_Section):
+class CanaryStep(ConfigSection):
     weight: float = Field(ge=0, le=100)  # percent of the model's requests that go to the canary
     pause_s: float | None = Field(None, ge=0)  # stay this long at this weight (analysis running), then go on
     manual: bool = False  # stay until `argosy rollout promote`
@@ -34,7 +34,7 @@ class CanaryStep(_Section):
         return self
 
 
-class AnalysisGate(_Section):
+class AnalysisGate(ConfigSection):
     """One check of the canary against the stable revision over the same window.
 
     Relative: canary <= max_ratio x stable (latencies, errors) or canary >= min_ratio x stable
@@ -64,7 +64,7 @@ def _default_gates() -> list[AnalysisGate]:
     return [AnalysisGate(metric="error_rate", max=0.01), AnalysisGate(metric="ttft_p95", max_ratio=1.5)]
 
 
-class AnalysisConfig(_Section):
+class AnalysisConfig(ConfigSection):
     interval_s: float = Field(30.0, gt=0)  # one analysis per interval, over the interval just past
     min_samples: int = Field(20, ge=1)  # per revision and gate; fewer in the window: inconclusive, not pass
     failure_limit: int = Field(2, ge=1)  # this many failed analyses in one rollout abort it
@@ -76,14 +76,14 @@ def _default_steps() -> list[CanaryStep]:
     return [CanaryStep(weight=10, pause_s=60), CanaryStep(weight=50, pause_s=60)]
 
 
-class BlueGreenConfig(_Section):
+class BlueGreenConfig(ConfigSection):
     shadow_sample: float = Field(0.25, ge=0, le=1)  # share of live requests mirrored to the preview
     analysis_passes: int = Field(2, ge=0)  # passed pre-promotion analyses before the switch
     auto_promote: bool = True  # switch once they passed; false: wait for `argosy rollout promote`
     scale_down_delay_s: float = Field(30.0, ge=0)  # the old revision stays warm (switch back at once)
 
 
-class ShadowEvalConfig(_Section):
+class ShadowEvalConfig(ConfigSection):
     sample: float = Field(0.0, ge=0, le=1)  # canary: share of the stable's requests also sent to the canary
     max_in_flight: int = Field(16, ge=1)  # shadows beyond this are dropped, never queued
     judge_url: str | None = None  # an OpenAI-compatible server (base URL, .../v1) that scores pairs 0..1
@@ -101,7 +101,7 @@ class ShadowEvalConfig(_Section):
         return self
 
 
-class RolloutConfig(_Section):
+class RolloutConfig(ConfigSection):
     strategy: Literal["canary", "blue-green", "rolling"] = "canary"  # when `rollout start` names none
     steps: list[CanaryStep] = Field(default_factory=_default_steps, min_length=1)  # then 100%
     analysis: AnalysisConfig = AnalysisConfig()

@@ -10,7 +10,9 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from argosy.config_section import ConfigSection
 
 DEFAULT_PRICES = Path(__file__).parent / "prices.yaml"
 TIERS = ("on_demand", "reserved", "spot")  # reserved: a 1-year commitment, paid whether used or not
@@ -21,8 +23,8 @@ class PriceError(ValueError):
     """A price file that cannot be read, or a GPU / tier / provider / API the book does not hold."""
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, protected_namespaces=())
+class _Strict(ConfigSection):  # extra keys and a yes/no for a price refused, as in the fleet file
+    model_config = ConfigDict(frozen=True)
 
 
 class _Sourced(_Strict):
