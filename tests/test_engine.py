@@ -113,6 +113,30 @@ def test_logprobs_hold_the_sampled_token_and_the_top_k(llm, tok):
     assert [list(e) for e in c.logprobs] == [[t] for t in c.token_ids]
 
 
+def test_prompt_logprobs_are_each_prefixs_next_token_logprob_even_when_cached_or_chunked(tiny_llama, llm):
+    prompt = random_prompt(23, 40)
+    # What a one-token generation after each prefix says of the prompt's next token, forced by logit_bias
+    # (logprobs are the raw model's, before any bias).
+    want = []
+    for i in range(1, len(prompt)):
+        forced = greedy(1, logprobs=0, ignore_eos=True, logit_bias={prompt[i]: 100})
+        want.append(run(llm, [prompt[:i]], forced)[0].outputs[0].logprobs[0][prompt[i]])
+    chunked = LLM(tiny_llama, kv_cache_memory_gib=KV_GIB, max_num_batched_tokens=16)  # 40 tokens in 3 chunks
+    for engine in (llm, chunked):
+        run(engine, [prompt], greedy(1))  # the prompt is now in the prefix cache: it must be computed anyway
+        outs = run(engine, [prompt], SamplingParams(temperature=0, max_tokens=2, n=2, prompt_logprobs=2))
+        got = outs[0].prompt_logprobs
+        assert len(got) == len(prompt) and got[0] is None
+        for i, (entry, ref_lp) in enumerate(zip(got[1:], want, strict=True), 1):
+            assert prompt[i] in entry and len(entry) in (2, 3)
+            assert sorted(lp.rank for t, lp in entry.items() if t != prompt[i])[:2] == [1, 2]
+            assert entry[prompt[i]].logprob == pytest.approx(ref_lp.logprob, abs=1e-4)
+            assert entry[prompt[i]].rank == ref_lp.rank
+        assert_idle(engine)
+    with pytest.raises(ValueError, match="prompt_logprobs"):
+        SamplingParams(prompt_logprobs=21)
+
+
 # -- seeds and n ---------------------------------------------------------------------------------------------
 
 def test_seed_gives_the_same_output_alone_and_in_a_batch(llm):

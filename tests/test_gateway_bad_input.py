@@ -117,6 +117,7 @@ def test_good_requests_of_every_shape_still_pass(gateway):
     ok = [("/v1/completions", {"prompt": ["a", "b"], "max_tokens": 2.0, "stream": None, "user": None}),
           ("/v1/completions", {"prompt": [1, 2, 3], "max_completion_tokens": 3}),
           ("/v1/completions", {"prompt": [[1, 2], [3]], "stream_options": None}),
+          ("/v1/completions", {"prompt": "score me", "max_tokens": 0, "echo": True, "logprobs": 1}),  # the prompt alone
           ("/v1/chat/completions", {"messages": [{"role": "system", "content": None},
                                                  {"role": "user", "content": [{"type": "text", "text": "hi"},
                                                                               {"type": "image_url"}]}]}),

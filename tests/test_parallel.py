@@ -53,9 +53,17 @@ def check_parallel(path: str, expected: list[list[int]], total_bytes: int, tp: i
         hits = llm.engine.kv.hits
         assert generate(llm, prompts) == expected
         assert llm.engine.kv.hits - hits >= 16 * len(prompts)
+        # Prompt logprobs: rows of every prefill chunk, gathered from the last stage like the sampled ones.
+        scored = SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=2)
+        by_ranks = llm.generate([prompts[3]], scored, use_tqdm=False)[0].prompt_logprobs
         llm.engine.kv.check_integrity()
         assert llm.engine.kv.num_free_blocks == llm.engine.runner.num_blocks
         stats = llm.engine.runner.stats()
+    alone = LLM(path, kv_cache_memory_gib=KV_GIB).generate([prompts[3]], scored, use_tqdm=False)[0].prompt_logprobs
+    assert len(by_ranks) == len(alone) == len(prompts[3]) and by_ranks[0] is None
+    for ours, ref in zip(by_ranks[1:], alone[1:], strict=True):
+        assert set(ours) == set(ref)
+        assert [ours[t].logprob for t in ref] == pytest.approx([lp.logprob for lp in ref.values()], abs=1e-3)
     assert not any(p.is_alive() for p in llm.engine.runner.procs)  # close() stopped the workers
     assert [s["rank"] for s in stats] == list(range(tp * pp))
     # Each rank holds ~1/N of the weights (the small norms are replicated).

@@ -281,3 +281,40 @@ def test_the_offline_api_refuses_sampling_numbers_that_are_not_finite(field, val
     # temperature had sampled 64 tokens from NaN probabilities.
     with pytest.raises(SamplingParamsError, match=f"{field} must be .*finite"):
         SamplingParams(**{field: value})
+
+
+def test_logit_bias_bans_and_forces_tokens_in_its_own_row_only():
+    torch.manual_seed(4)
+    logits = torch.randn(4, V)
+    top = logits.argmax(-1).tolist()
+    seqs = [make_seq(temperature=0.0, logit_bias={top[0]: -100}),  # greedy: the best token banned
+            make_seq(temperature=0.0, logit_bias={7: 100}),  # greedy: forced
+            make_seq(temperature=0.0),  # no bias: untouched by its neighbours'
+            make_seq(seed=3, logit_bias={t: -100 for t in range(V) if t != 11})]  # sampled: only 11 is left
+    before = logits.clone()
+    tokens = Sampler(V, {EOS})(logits, seqs).token_ids
+    assert tokens[0] == logits[0].clone().index_fill_(0, torch.tensor([top[0]]), -1e9).argmax().item() != top[0]
+    assert tokens[1] == 7 and tokens[2] == top[2] and tokens[3] == 11
+    assert torch.equal(logits, before)
+
+
+def test_logit_bias_values_are_clamped_and_checked():
+    assert SamplingParams(logit_bias={1: 1e308, 2: -float("inf"), 3: 0.5}).logit_bias == {1: 100.0, 2: -100.0, 3: 0.5}
+    assert SamplingParams(logit_bias={}).logit_bias is None
+    for bad in ({-1: 1.0}, {"1": 1.0}, {True: 1.0}, {1: float("nan")}, {1: "x"}, [1, 2]):
+        with pytest.raises(ValueError, match="logit_bias"):
+            SamplingParams(logit_bias=bad)
+
+
+def test_prompt_logprobs_are_the_same_taken_a_few_rows_at_a_time():
+    from argosy.engine.sampler import prompt_logprobs
+
+    torch.manual_seed(2)
+    logits = torch.randn(10, V)
+    ids = torch.randint(0, V, (10,)).tolist()
+    whole, sliced = prompt_logprobs(logits, ids, 3), prompt_logprobs(logits, ids, 3, rows_at_once=4)
+    assert whole == sliced and len(whole) == 10
+    for row, token, entry in zip(logits, ids, whole, strict=True):
+        assert entry[token].logprob == pytest.approx(row.log_softmax(-1)[token].item(), abs=1e-6)
+        assert entry[token].rank == int((row >= row[token]).sum())
+        assert {lp.rank for t, lp in entry.items() if t != token} <= {1, 2, 3}

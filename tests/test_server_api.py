@@ -222,3 +222,77 @@ def test_priority_and_cache_salt_are_accepted(client):
                                   extra_body={"priority": 5, "cache_salt": "tenant-a", "top_k": 5, "min_p": 0.05,
                                               "repetition_penalty": 1.1, "min_tokens": 2, "user": "u1"})
     assert r.usage.completion_tokens == 2
+
+
+def test_logit_bias_forces_a_token_and_bad_biases_are_named(server, client):
+    forced = 42
+    text = httpx.post(server.url + "/detokenize", json={"tokens": [forced] * 4}).json()["prompt"]
+    r = client.completions.create(model=MODEL_NAME, prompt=PROMPTS[0], max_tokens=4, temperature=0,
+                                  logit_bias={str(forced): 100}, extra_body=NO_EOS)
+    assert r.choices[0].text == text
+    r = client.chat.completions.create(model=MODEL_NAME, messages=[{"role": "user", "content": "Hi"}],
+                                       max_completion_tokens=3, logit_bias={str(forced): 1e300}, extra_body=NO_EOS)
+    assert r.choices[0].message.content == httpx.post(server.url + "/detokenize",
+                                                      json={"tokens": [forced] * 3}).json()["prompt"]
+    for bias, says in (({"100000": 1}, "outside this model's vocabulary"), ({"abc": 1}, "must be token ids"),
+                       ({"1": "up"}, "must be a number"), ([1, 2], "'logit_bias' must be an object")):
+        with pytest.raises(openai.BadRequestError) as e:
+            client.completions.create(model=MODEL_NAME, prompt="Hi", max_tokens=2, logit_bias=bias)
+        assert says in e.value.message and e.value.body["param"] == "logit_bias"
+    assert client.completions.create(model=MODEL_NAME, prompt="Hi", max_tokens=2).usage.completion_tokens >= 1
+
+
+def test_echo_with_logprobs_scores_the_prompt_as_lm_evaluation_harness_asks(server, client):
+    prompt = PROMPTS[1]
+    ids = httpx.post(server.url + "/tokenize", json={"prompt": prompt}).json()["tokens"]
+    r = client.completions.create(model=MODEL_NAME, prompt=prompt, max_tokens=1, temperature=0, echo=True,
+                                  logprobs=1, extra_body=NO_EOS)
+    lp = r.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(ids) + 1
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None and r.choices[0].text.startswith(prompt)
+    assert all(v <= 0 for v in lp.token_logprobs[1:]) and lp.text_offset == sorted(lp.text_offset)
+    # The same figures as vLLM's prompt_logprobs field, keyed by token id.
+    plain = client.completions.create(model=MODEL_NAME, prompt=prompt, max_tokens=1, temperature=0,
+                                      extra_body={"prompt_logprobs": 0, **NO_EOS})
+    by_id = plain.choices[0].model_extra["prompt_logprobs"]
+    assert by_id[0] is None and len(by_id) == len(ids) and plain.choices[0].logprobs is None
+    assert [by_id[i][str(ids[i])]["logprob"] for i in range(1, len(ids))] == pytest.approx(lp.token_logprobs[1:-1])
+    # Streamed: the echoed prompt comes with its logprobs before the first token's.
+    chunks = list(client.completions.create(model=MODEL_NAME, prompt=prompt, max_tokens=2, temperature=0, echo=True,
+                                            logprobs=1, stream=True, extra_body=NO_EOS))
+    first = chunks[0].choices[0]
+    assert first.text == prompt and first.logprobs.token_logprobs == lp.token_logprobs[:-1]
+    with pytest.raises(openai.BadRequestError, match="not available when 'stream' is true"):
+        client.completions.create(model=MODEL_NAME, prompt=prompt, max_tokens=1, stream=True,
+                                  extra_body={"prompt_logprobs": 1})
+
+
+def test_continue_final_message_goes_on_with_the_assistants_words(server, client):
+    messages = [{"role": "user", "content": "Hello there"}, {"role": "assistant", "content": "General Kenobi"}]
+    open_turn = httpx.post(server.url + "/tokenize", json={"messages": messages, "continue_final_message": True,
+                                                           "return_token_strs": True}).json()
+    closed = httpx.post(server.url + "/tokenize", json={"messages": messages, "add_generation_prompt": False}).json()
+    # The same tokens up to the assistant's words, then no end of turn after them.
+    assert closed["tokens"][:open_turn["count"]] == open_turn["tokens"] and closed["count"] > open_turn["count"]
+    assert "".join(open_turn["token_strs"]).endswith("General Kenobi")
+    r = client.chat.completions.create(model=MODEL_NAME, messages=messages, max_completion_tokens=3, temperature=0,
+                                       extra_body={"continue_final_message": True, **NO_EOS})
+    assert r.usage.prompt_tokens == open_turn["count"] and r.usage.completion_tokens == 3
+    for extra, says in (({"continue_final_message": True, "add_generation_prompt": True}, "cannot both be true"),
+                        ({"chat_template_kwargs": {"chat_template": "{{ 7 }}"}}, "may not set chat_template")):
+        with pytest.raises(openai.BadRequestError, match=says):
+            client.chat.completions.create(model=MODEL_NAME, messages=messages, max_completion_tokens=2,
+                                           extra_body=extra)
+
+
+def test_max_tokens_0_with_echo_answers_the_scored_prompt_alone(server, client):
+    prompt = PROMPTS[2]
+    ids = httpx.post(server.url + "/tokenize", json={"prompt": prompt}).json()["tokens"]
+    r = client.completions.create(model=MODEL_NAME, prompt=prompt, max_tokens=0, echo=True, logprobs=0)
+    choice = r.choices[0]
+    assert choice.text == prompt and choice.finish_reason == "length"
+    assert len(choice.logprobs.token_logprobs) == len(ids) and choice.logprobs.token_logprobs[0] is None
+    assert r.usage.completion_tokens == 0 and r.usage.prompt_tokens == len(ids)
+    for extra, says in (({"echo": False}, "max_tokens"), ({"echo": True, "stream": True}, "not streamed")):
+        with pytest.raises(openai.BadRequestError, match=says):
+            client.completions.create(model=MODEL_NAME, prompt=prompt, max_tokens=0, **extra)

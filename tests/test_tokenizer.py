@@ -125,6 +125,26 @@ def test_chat_template_matches_transformers(hf_folder):
     assert "<é>" in ours.apply_chat_template(MESSAGES, tools=tools)  # HF's tojson does not escape
 
 
+def test_continue_final_message_matches_transformers(hf_folder):
+    ours, theirs = Tokenizer.from_pretrained(hf_folder), _auto(hf_folder)
+    for final in ("The answer is", "The answer is ", "  {\"a\": "):
+        messages = [*MESSAGES[:2], {"role": "assistant", "content": final}]
+        expected = theirs.apply_chat_template(messages, tokenize=False, add_generation_prompt=False,
+                                              continue_final_message=True)
+        got = ours.apply_chat_template(messages, add_generation_prompt=False, continue_final_message=True)
+        assert got == expected and not got.endswith("</s>\n")
+    with pytest.raises(ValueError, match="continue_final_message"):
+        ours.apply_chat_template([*MESSAGES[:2], {"role": "assistant", "content": "  "}], add_generation_prompt=False,
+                                 continue_final_message=True)
+
+
+def test_template_switches_reach_the_template(hf_folder):
+    ours = Tokenizer.from_pretrained(hf_folder)
+    switch = "{% if enable_thinking is defined and not enable_thinking %}NO THINKING{% endif %}"
+    assert ours.apply_chat_template(MESSAGES, chat_template=switch, enable_thinking=False) == "NO THINKING"
+    assert ours.apply_chat_template(MESSAGES, chat_template=switch) == ""
+
+
 def test_chat_content_parts_are_flattened(hf_folder):
     ours = Tokenizer.from_pretrained(hf_folder)
     parts = [{"role": "user", "content": [{"type": "text", "text": "first"}, {"type": "text", "text": "second"}]}]

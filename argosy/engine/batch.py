@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -16,8 +16,11 @@ class BatchInputs:
     input_ids: torch.Tensor
     positions: torch.Tensor
     meta: AttentionMetadata
-    sample_indices: torch.Tensor  # rows of the flattened batch whose logits are sampled
+    sample_indices: torch.Tensor  # rows whose logits are wanted: one per sampling sequence, then prompt rows
     sampling_seqs: list[Sequence]
+    # Prompt logprobs: (sequence, first position, count) for the rows after the sampling ones, in order; the
+    # logits at position p give the logprob of prompt token p + 1.
+    prompt_logprob_spans: list[tuple[Sequence, int, int]] = field(default_factory=list)
 
 
 def prepare_batch(scheduled: list[tuple[Sequence, int]], block_size: int, device: torch.device,
@@ -35,6 +38,16 @@ def prepare_batch(scheduled: list[tuple[Sequence, int]], block_size: int, device
     sampling_seqs: list[Sequence] = []
     decode_lens: list[int] = []
     decode_tables: list[list[int]] = []
+    prompt_rows: list[int] = []
+    spans: list[tuple[Sequence, int, int]] = []
+
+    def want_prompt_logprobs(seq: Sequence, start: int, end: int, q_start: int) -> None:
+        """Rows for positions start..end-1 that predict a prompt token not yet given its logprob."""
+        first, last = max(start, len(seq.prompt_logprobs) - 1), min(end, seq.num_prompt_tokens - 1)
+        if last > first:
+            prompt_rows.extend(range(q_start + first - start, q_start + last - start))
+            spans.append((seq, first, last - first))
+
     for seq, _ in decodes:
         pos = seq.num_computed_tokens
         input_ids.append(seq.token_ids[pos])
@@ -42,6 +55,8 @@ def prepare_batch(scheduled: list[tuple[Sequence, int]], block_size: int, device
         slots.append(seq.block_ids[pos // bs] * bs + pos % bs)
         decode_lens.append(pos + 1)
         decode_tables.append(seq.block_ids[: (pos + bs) // bs])
+        if seq.wants_prompt_logprobs:  # a one-token prompt chunk
+            want_prompt_logprobs(seq, pos, pos + 1, len(input_ids) - 1)
         if pos + 1 == seq.num_tokens:
             sample_rows.append(len(input_ids) - 1)
             sampling_seqs.append(seq)
@@ -62,12 +77,14 @@ def prepare_batch(scheduled: list[tuple[Sequence, int]], block_size: int, device
             # Query i sits at position start + i and sees keys up to that position.
             mask = torch.ones(n, end, dtype=torch.bool, device=device).tril(start)
         chunks.append(PrefillChunk(q_start, n, end, table, mask))
+        if seq.wants_prompt_logprobs:
+            want_prompt_logprobs(seq, start, end, q_start)
         if end == seq.num_tokens:
             sample_rows.append(len(input_ids) - 1)
             sampling_seqs.append(seq)
     # One host-to-device copy for the four per-token arrays (on CUDA: queued, no sync; host_tensors.py).
     t = len(input_ids)
-    flat = to_device(input_ids + positions + slots + sample_rows, torch.long, device)
+    flat = to_device(input_ids + positions + slots + sample_rows + prompt_rows, torch.long, device)
     meta = AttentionMetadata(
         slot_mapping=flat[2 * t:3 * t],
         decode_groups=attention.decode_groups(decode_tables, decode_lens),
@@ -80,4 +97,5 @@ def prepare_batch(scheduled: list[tuple[Sequence, int]], block_size: int, device
         meta=meta,
         sample_indices=flat[3 * t:],
         sampling_seqs=sampling_seqs,
+        prompt_logprob_spans=spans,
     )

@@ -78,11 +78,23 @@ def load_chat_template(folder: Path, config: dict[str, Any]) -> str | None:
 
 
 def render_chat_template(template: str, messages: list[Mapping[str, Any]], add_generation_prompt: bool,
-                         context: Mapping[str, Any]) -> str:
+                         context: Mapping[str, Any], continue_final_message: bool = False) -> str:
     """Render `template` over `messages`, with `context`'s variables (special tokens, tools, ...); a template
-    that rejects the conversation raises ValueError."""
+    that rejects the conversation raises ValueError. continue_final_message: the text ends where the last
+    message's content does, without its end-of-turn tokens, so the model goes on writing it (transformers')."""
     try:
-        return _compile_template(template).render(messages=[_flatten_message(m) for m in messages],
-                                                  add_generation_prompt=add_generation_prompt, **context)
+        flat = [_flatten_message(m) for m in messages]
+        text = _compile_template(template).render(messages=flat, add_generation_prompt=add_generation_prompt,
+                                                  **context)
     except (jinja2.TemplateError, TypeError) as e:  # a template that rejects the messages: a bad request
         raise ValueError(f"Chat template error: {e}") from e
+    if not continue_final_message:
+        return text
+    final = flat[-1].get("content") if flat else None
+    if not isinstance(final, str) or not final.strip() or final.strip() not in text:
+        raise ValueError("continue_final_message: the last message's content does not appear in the rendered "
+                         "chat, so there is nothing to continue")
+    # Cut after the last message's text; its trailing whitespace is kept only where the template kept it.
+    at = text.rindex(final.strip())
+    kept = final.lstrip()
+    return text[: at + len(kept)] if text[at:at + len(kept)] == kept else text[: at + len(final.strip())]

@@ -18,7 +18,7 @@ from argosy.engine.kv_cache_manager import KVCacheManager
 from argosy.engine.loader import Checkpoint, open_checkpoint
 from argosy.engine.model_runner import ModelRunner, Runner
 from argosy.engine.outputs import CompletionOutput, RequestOutput
-from argosy.engine.sampler import Sampler
+from argosy.engine.sampler import Sampler, prompt_logprobs
 from argosy.engine.sampling_params import SamplingParams
 from argosy.engine.scheduler import Scheduler, SchedulerOutput
 from argosy.engine.sequence import Sequence, SequenceStatus
@@ -70,8 +70,14 @@ class LLMEngine:
         if request_id in self.requests:
             raise InvalidRequestError(f"request id {request_id!r} is already running", "request_id")
         token_ids = self._tokenize(prompt)
+        outside = [t for t in params.logit_bias or () if t >= self.vocab_size]
+        if outside:
+            raise InvalidRequestError(f"logit_bias names token id {outside[0]}, outside this model's vocabulary "
+                                      f"(ids 0 to {self.vocab_size - 1})", "logit_bias")
         if params.logprobs is not None and params.logprobs > self.config.max_logprobs:
             raise InvalidRequestError(f"logprobs must be at most {self.config.max_logprobs}", "logprobs")
+        if params.prompt_logprobs is not None and params.prompt_logprobs > self.config.max_logprobs:
+            raise InvalidRequestError(f"prompt_logprobs must be at most {self.config.max_logprobs}", "prompt_logprobs")
         room = self.max_model_len - len(token_ids)
         if room < 1:
             raise InvalidRequestError(
@@ -209,6 +215,9 @@ class LLMEngine:
             seq.num_computed_tokens += n
             if seq.first_scheduled_time is None:
                 seq.first_scheduled_time = start
+        if batch.prompt_logprob_spans:
+            self._fill_prompt_logprobs(batch.prompt_logprob_spans, logits[len(batch.sampling_seqs):])
+            logits = logits[: len(batch.sampling_seqs)]
         rows = [i for i, seq in enumerate(batch.sampling_seqs) if not seq.finished]
         if rows:
             seqs = batch.sampling_seqs
@@ -221,6 +230,19 @@ class LLMEngine:
         final_only = self.final_only
         return [self._output(rid, now) for rid in touched
                 if rid not in final_only or all(s.finished for s in self.requests[rid])]
+
+    def _fill_prompt_logprobs(self, spans: list[tuple[Sequence, int, int]], logits: torch.Tensor) -> None:
+        """Each span's rows (positions first..first+count-1) give the logprobs of prompt tokens first+1 on."""
+        next_ids = [t for seq, first, count in spans for t in seq.prompt_token_ids[first + 1:first + 1 + count]]
+        entries = iter(prompt_logprobs(logits[:, : self.vocab_size], next_ids,
+                                       max(seq.params.prompt_logprobs for seq, _, _ in spans)))
+        for seq, first, count in spans:
+            k = seq.params.prompt_logprobs
+            for token in seq.prompt_token_ids[first + 1:first + 1 + count]:
+                kept = {t: lp for t, lp in next(entries).items() if t == token or lp.rank <= k}
+                for tid, lp in kept.items():
+                    lp.decoded_token = self.tokenizer.decode([tid], skip_special_tokens=False)
+                seq.prompt_logprobs.append(kept)
 
     def _append(self, seq: Sequence, token: int, logprobs, sampled_logprob, now: float) -> None:
         seq.append_token(token)
@@ -279,7 +301,8 @@ class LLMEngine:
             self.final_only.discard(request_id)
         prompt = self.prompts.pop(request_id, None) if finished else self.prompts.get(request_id)
         return RequestOutput(request_id, prompt, first.prompt_token_ids, outputs, finished,
-                             num_cached_tokens=first.num_cached_tokens, metrics=metrics)
+                             num_cached_tokens=first.num_cached_tokens, metrics=metrics,
+                             prompt_logprobs=None if first.wants_prompt_logprobs else first.prompt_logprobs)
 
     def close(self) -> None:
         """Stops the worker processes of a parallel engine (a no-op for one process)."""

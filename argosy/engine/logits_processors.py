@@ -1,4 +1,4 @@
-"""Logits processors for the sampler: min_tokens, penalties, top-k, top-p and min-p.
+"""Logits processors for the sampler: logit_bias, min_tokens, penalties, top-k, top-p and min-p.
 
 Each works on a float32 `[rows, vocab]` tensor holding only the rows that use the feature, with one
 parameter per row, so a batch pays for a feature only when some row asks for it.
@@ -12,6 +12,22 @@ import numpy as np
 import torch
 
 from argosy.engine.sequence import Sequence
+
+
+def apply_logit_bias(logits: torch.Tensor, seqs: Seq[Sequence]) -> None:
+    """In place: each row's logit_bias added to its tokens' logits (ids checked against the vocab on admission)."""
+    rows: list[int] = []
+    cols: list[int] = []
+    values: list[float] = []
+    for i, seq in enumerate(seqs):
+        for token, bias in (seq.params.logit_bias or {}).items():
+            rows.append(i)
+            cols.append(token)
+            values.append(bias)
+    if rows:
+        device = logits.device
+        index = (torch.tensor(rows, device=device), torch.tensor(cols, device=device))
+        logits.index_put_(index, torch.tensor(values, dtype=logits.dtype, device=device), accumulate=True)
 
 
 def apply_min_tokens(logits: torch.Tensor, seqs: Seq[Sequence], eos_token_ids: set[int]) -> None:

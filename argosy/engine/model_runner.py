@@ -153,11 +153,11 @@ class ModelRunner(RunnerBase):
 
     @torch.inference_mode()
     def execute(self, batch: BatchInputs) -> torch.Tensor:
-        """Runs the model; returns float32 logits for the sampling rows, [len(sampling_seqs), vocab]."""
+        """Runs the model; returns float32 logits of the rows in sample_indices, [len(sample_indices), vocab]."""
         if self.graphs is not None and self.graphs.covers(batch):
             return self.graphs.run(batch)
         hidden = self.model(batch.input_ids, batch.positions, self.kv_caches, batch.meta)
-        if not batch.sampling_seqs:
+        if not len(batch.sample_indices):
             return hidden.new_empty((0, self.model_config.vocab_size), dtype=torch.float32)
         return self.model.compute_logits(hidden[batch.sample_indices]).float()
 

@@ -1,7 +1,7 @@
 """The sampler: turns one step's logits into one token per sequence, with vLLM's sampling semantics.
 
-Order per row: min_tokens mask, penalties, the grammar's mask (structured outputs), then greedy argmax
-(temperature < 1e-5) or temperature, top-k, top-p, min-p and a draw. Logprobs come from the raw model
+Order per row: logit_bias, min_tokens mask, penalties, the grammar's mask (structured outputs), then greedy
+argmax (temperature < 1e-5) or temperature, top-k, top-p, min-p and a draw. Logprobs come from the raw model
 logits (vLLM's default `raw_logprobs`). Rows with a grammar have their bitmask filled and applied for the
 whole batch at once, and their matchers advanced by the sampled tokens before the call returns.
 """
@@ -13,9 +13,40 @@ from dataclasses import dataclass
 
 import torch
 
-from argosy.engine.logits_processors import apply_min_p, apply_min_tokens, apply_penalties, apply_top_k, apply_top_p
+from argosy.engine.logits_processors import (
+    apply_logit_bias,
+    apply_min_p,
+    apply_min_tokens,
+    apply_penalties,
+    apply_top_k,
+    apply_top_p,
+)
 from argosy.engine.outputs import Logprob
 from argosy.engine.sequence import Sequence
+
+
+def prompt_logprobs(logits: torch.Tensor, next_token_ids: list[int], top_k: int,
+                    rows_at_once: int = 256) -> list[dict[int, Logprob]]:
+    """Row i's logits predict next_token_ids[i]: that token's logprob and rank (1 = most likely; ties count as
+    above, as for sampled tokens), then the top_k, from the raw logits. A prefill chunk has up to a step's
+    token budget of rows: they are taken rows_at_once at a time, so the float32 copies stay small beside them."""
+    out: list[dict[int, Logprob]] = []
+    for at in range(0, len(next_token_ids), rows_at_once):
+        ids = next_token_ids[at:at + rows_at_once]
+        logprobs = logits[at:at + rows_at_once].float().log_softmax(dim=-1)
+        chosen_lp = logprobs.gather(1, torch.tensor(ids, device=logits.device).unsqueeze(1))
+        ranks = (logprobs >= chosen_lp).sum(dim=-1).tolist()
+        top_lps: list[list[float]] = [[] for _ in ids]
+        top_ids: list[list[int]] = [[] for _ in ids]
+        if top_k > 0:
+            values, indices = logprobs.topk(top_k, dim=-1)
+            top_lps, top_ids = values.tolist(), indices.tolist()
+        for i, (token, lp) in enumerate(zip(ids, chosen_lp.squeeze(1).tolist(), strict=True)):
+            entry = {token: Logprob(lp, ranks[i])}
+            entry.update({t: Logprob(v, r + 1) for r, (t, v) in enumerate(zip(top_ids[i], top_lps[i], strict=True))
+                          if t != token})
+            out.append(entry)
+    return out
 
 
 @dataclass
@@ -59,8 +90,9 @@ class Sampler:
         pen_rows = [i for i, s in enumerate(seqs) if _has_penalty(s)]
         random_rows = [i for i, s in enumerate(seqs) if not s.params.greedy]
         grammar_rows = [i for i, s in enumerate(seqs) if s.grammar is not None and s.grammar.matcher is not None]
+        bias_rows = [i for i, s in enumerate(seqs) if s.params.logit_bias]
 
-        if not (lp_rows or min_tok_rows or pen_rows or random_rows or grammar_rows):
+        if not (lp_rows or min_tok_rows or pen_rows or random_rows or grammar_rows or bias_rows):
             # Fast path: all greedy, nothing to adjust. Upcasting does not change the argmax.
             return SamplerOutput(raw.argmax(dim=-1).tolist(), [None] * n, [None] * n)
 
@@ -69,6 +101,8 @@ class Sampler:
             raw_logprobs = self._select(raw, lp_rows).float().log_softmax(dim=-1)
 
         x = raw.to(torch.float32, copy=True)  # processors write in place: never into the caller's tensor
+        if bias_rows:
+            apply_logit_bias(x, seqs)
         if min_tok_rows:
             apply_min_tokens(x, seqs, self.eos_token_ids)
         x = _on_rows(x, pen_rows, lambda t: apply_penalties(t, [seqs[i] for i in pen_rows]))

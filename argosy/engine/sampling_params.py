@@ -30,8 +30,12 @@ class SamplingParams:
     min_tokens: int = 0
     ignore_eos: bool = False
     logprobs: int | None = None  # top-k logprobs per generated token, beside the sampled one
+    prompt_logprobs: int | None = None  # top-k logprobs per prompt token, beside the prompt's own (vLLM's)
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    # Added to the named tokens' logits before anything else (OpenAI's logit_bias): -100 bans a token, 100 all
+    # but forces it. Values are clamped to [-100, 100], as vLLM does; the engine checks the ids against its vocab.
+    logit_bias: dict[int, float] | None = None
     # A grammar the output must follow (JSON schema, regex, choice, EBNF): vLLM's structured_outputs.
     structured_outputs: StructuredOutputsParams | None = None
 
@@ -46,6 +50,10 @@ class SamplingParams:
         if self.top_k == -1:
             self.top_k = 0
         self.validate()
+        if self.logit_bias:
+            self.logit_bias = {t: min(100.0, max(-100.0, float(b))) for t, b in self.logit_bias.items()}
+        else:
+            self.logit_bias = None
 
     @property
     def greedy(self) -> bool:
@@ -80,7 +88,19 @@ class SamplingParams:
             fail("min_tokens", f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens}).")
         if self.logprobs is not None and (not isinstance(self.logprobs, int) or not 0 <= self.logprobs <= 20):
             fail("logprobs", f"logprobs must be between 0 and 20, got {self.logprobs}.")
+        if self.prompt_logprobs is not None and (not isinstance(self.prompt_logprobs, int)
+                                                 or isinstance(self.prompt_logprobs, bool)
+                                                 or not 0 <= self.prompt_logprobs <= 20):
+            fail("prompt_logprobs", f"prompt_logprobs must be between 0 and 20, got {self.prompt_logprobs}.")
         if any(not isinstance(s, str) or not s for s in self.stop):
             fail("stop", "stop must hold non-empty strings.")
+        if self.logit_bias is not None:
+            if not isinstance(self.logit_bias, dict):
+                fail("logit_bias", "logit_bias must map token ids to numbers.")
+            for token, bias in self.logit_bias.items():
+                if not isinstance(token, int) or isinstance(token, bool) or token < 0:
+                    fail("logit_bias", f"logit_bias keys must be token ids (integers >= 0), got {token!r}.")
+                if isinstance(bias, bool) or not isinstance(bias, int | float) or math.isnan(bias):
+                    fail("logit_bias", f"logit_bias[{token}] must be a number, got {bias!r}.")
         if self.seed is not None and (not isinstance(self.seed, int) or not -(2**63) <= self.seed < 2**64):
             fail("seed", "seed must be an integer that fits in 64 bits.")  # torch's generators take no more

@@ -114,7 +114,7 @@ class Scheduler:
                 compiling.append(self.waiting.pop())
                 continue
             computed_blocks, num_cached = [], 0
-            if seq.num_computed_tokens == 0:
+            if seq.num_computed_tokens == 0 and not seq.wants_prompt_logprobs:  # (cached tokens have no logits)
                 computed_blocks, num_cached = self.kv.get_computed_blocks(seq)
             n = min(seq.num_tokens - num_cached, budget)
             if not self.kv.allocate_slots(seq, n, computed_blocks):

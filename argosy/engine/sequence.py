@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from argosy.engine.outputs import SampleLogprobs
+from argosy.engine.outputs import PromptLogprobs, SampleLogprobs
 from argosy.engine.sampling_params import SamplingParams
 
 
@@ -53,6 +53,7 @@ class Sequence:
     stop_reason: int | str | None = None
     generator: torch.Generator | None = None
     logprobs: SampleLogprobs | None = None
+    prompt_logprobs: PromptLogprobs | None = None  # filled as the prompt is computed (the first completion only)
     cumulative_logprob: float = 0.0
     num_preemptions: int = 0
     # Timestamps (time.monotonic) for metrics.
@@ -68,6 +69,8 @@ class Sequence:
         self.token_ids = list(self.prompt_token_ids)
         if self.params.logprobs is not None:
             self.logprobs = []
+        if self.params.prompt_logprobs is not None and self.index == 0:
+            self.prompt_logprobs = [None]
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -84,6 +87,11 @@ class Sequence:
     @property
     def num_output_tokens(self) -> int:
         return len(self.token_ids) - len(self.prompt_token_ids)
+
+    @property
+    def wants_prompt_logprobs(self) -> bool:
+        """Prompt logprobs are asked and not all computed: its prompt must be computed, not read from the cache."""
+        return self.prompt_logprobs is not None and len(self.prompt_logprobs) < len(self.prompt_token_ids)
 
     @property
     def finished(self) -> bool:

@@ -222,12 +222,13 @@ class Tokenizer:
         return self.chat_template is not None
 
     def apply_chat_template(self, messages: list[Mapping[str, Any]], add_generation_prompt: bool = True,
-                            **kwargs: Any) -> str:
+                            continue_final_message: bool = False, **kwargs: Any) -> str:
         """Render `messages` like transformers' apply_chat_template(tokenize=False). kwargs reach the template
         (tools, documents, enable_thinking, ...); `chat_template=` overrides the checkpoint's template.
+        continue_final_message: end inside the last message (an assistant turn the model is to go on with).
         Raises ValueError when there is no template or the template rejects the conversation."""
         template = kwargs.pop("chat_template", None) or self.chat_template
         if template is None:
             raise ValueError("This model has no chat template; use the completions API, or pass a chat template.")
         context = {**self.special_tokens_map, "tools": None, "documents": None, **kwargs}
-        return render_chat_template(template, messages, add_generation_prompt, context)
+        return render_chat_template(template, messages, add_generation_prompt, context, continue_final_message)

@@ -57,8 +57,9 @@ def check_body(path: str, req: Any) -> None:
             continue
         if not _is_int(value):
             raise invalid(name, "an integer", value)
-        if not 1 <= value <= MAX_TOKENS:
-            raise bad_request(f"'{name}' must be between 1 and {MAX_TOKENS}, got {value}", name, "invalid_value")
+        least = 0 if path == "/v1/completions" and req.get("echo") is True else 1  # 0: the echoed prompt alone
+        if not least <= value <= MAX_TOKENS:
+            raise bad_request(f"'{name}' must be between {least} and {MAX_TOKENS}, got {value}", name, "invalid_value")
     options = req.get("stream_options")
     if options is not None:
         if not isinstance(options, dict):

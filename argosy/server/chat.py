@@ -13,9 +13,10 @@ from argosy.engine.sampling_params import SamplingParams
 from argosy.server.async_engine import EngineRequest, EngineStepError, RequestGroup
 from argosy.server.deltas import DeltaTracker
 from argosy.server.errors import APIError
-from argosy.server.logprobs import chat_logprobs
+from argosy.server.logprobs import chat_logprobs, vllm_prompt_logprobs
 from argosy.server.protocol import (
     Fields,
+    chat_template_options,
     sampling_params,
     scheduling_fields,
     stream_flags,
@@ -95,11 +96,11 @@ async def _prompt_ids(state: ServerState, fields: Fields, messages: list[dict[st
     tokenizer = state.tokenizer
     if not tokenizer.has_chat_template:
         raise APIError.bad_request("This model has no chat template; use /v1/completions.", "messages")
-    add_generation_prompt = fields.get_bool("add_generation_prompt", True)
+    options = chat_template_options(fields)
     messages = template_messages(messages, tools, tokenizer.chat_template)
     extra = {"tools": tools.tools} if tools is not None else {}
     try:
-        text = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, **extra)
+        text = tokenizer.apply_chat_template(messages, **options, **extra)
     except Exception as exc:  # the template's own checks (e.g. roles must alternate)
         raise APIError.bad_request(f"The chat template rejected the messages: {exc}", "messages") from None
     # The template writes the special tokens (BOS...) itself; encoding must not add a second BOS.
@@ -155,8 +156,11 @@ def _response_body(state: ServerState, response_id: str, params: SamplingParams,
             "stop_reason": c.stop_reason,
         })
     choices.sort(key=lambda choice: choice["index"])
-    return {"id": response_id, "object": "chat.completion", "created": int(time.time()),
+    body = {"id": response_id, "object": "chat.completion", "created": int(time.time()),
             "model": state.served_model_name, "choices": choices, "usage": usage(finals)}
+    if params.prompt_logprobs is not None and finals[0].prompt_logprobs is not None:  # vLLM's extra field
+        body["prompt_logprobs"] = vllm_prompt_logprobs(finals[0].prompt_logprobs)
+    return body
 
 
 async def _stream(state: ServerState, response_id: str, params: SamplingParams, group: RequestGroup,

@@ -13,7 +13,7 @@ from argosy.engine.sampling_params import SamplingParams
 from argosy.server.async_engine import EngineRequest, EngineStepError, RequestGroup
 from argosy.server.deltas import DeltaTracker
 from argosy.server.errors import APIError
-from argosy.server.logprobs import completion_logprobs
+from argosy.server.logprobs import completion_logprobs, echo_logprobs, joined, vllm_prompt_logprobs
 from argosy.server.protocol import (
     sampling_params,
     scheduling_fields,
@@ -47,13 +47,16 @@ def parse_prompts(value: Any) -> list[Prompt]:
 class _Job:
     """One completions request after parsing: what the response needs besides the outputs."""
 
-    def __init__(self, state: ServerState, prompts: list[Prompt], params: SamplingParams, echo: bool):
+    def __init__(self, state: ServerState, prompts: list[Prompt], params: SamplingParams, echo: bool,
+                 echo_logprobs: bool = False, vllm_prompt_logprobs: bool = False):
         self.state = state
         self.id = new_id("cmpl")
         self.created = int(time.time())
         self.prompts = prompts
         self.params = params
         self.echo = echo
+        self.echo_logprobs = echo_logprobs  # echo with logprobs: the prompt's tokens lead each choice's logprobs
+        self.vllm_prompt_logprobs = vllm_prompt_logprobs  # vLLM's prompt_logprobs field: each choice carries them
 
     def echo_text(self, prompt_index: int) -> str:
         prompt = self.prompts[prompt_index]
@@ -68,16 +71,22 @@ async def create_completion(request: Request) -> Response | SSEResponse:
     stream, include_usage = stream_flags(fields)
     echo = fields.get_bool("echo", False)
     logprobs = fields.get_int("logprobs")
-    if echo and logprobs is not None:
-        raise APIError.bad_request("echo with logprobs needs prompt logprobs, which this server does not compute.",
-                                   "echo")
     fields.reject_unsupported("suffix", "this server does not insert text")
     structured = parse_structured_outputs(fields)
-    params = sampling_params(fields, max_tokens=fields.get_int("max_tokens", 16), logprobs=logprobs,
-                             structured_outputs=structured)
+    max_tokens = fields.get_int("max_tokens", 16)
+    # echo with max_tokens 0: the prompt alone (scored, with logprobs), as vLLM answers; one token is generated
+    # (the prompt must be computed) and left out of the answer.
+    prompt_only = echo and max_tokens == 0
+    if prompt_only and stream:
+        raise APIError.bad_request("max_tokens 0 (the echoed prompt alone) is answered whole, not streamed.",
+                                   "max_tokens")
+    # echo with logprobs: the prompt's tokens get theirs too (lm-evaluation-harness scores continuations so).
+    params = sampling_params(fields, max_tokens=1 if prompt_only else max_tokens, logprobs=logprobs,
+                             structured_outputs=structured, prompt_logprobs=logprobs if echo else None)
     await check_grammar(structured)
     priority, cache_salt = scheduling_fields(fields)
-    job = _Job(state, prompts, params, echo)
+    job = _Job(state, prompts, params, echo, echo_logprobs=echo and logprobs is not None,
+               vllm_prompt_logprobs=fields.body.get("prompt_logprobs") is not None)
     requests = [EngineRequest(f"{job.id}-{i}", p, params, priority, cache_salt) for i, p in enumerate(prompts)]
     group = await state.submit(requests, arrival)
     if stream:
@@ -85,7 +94,19 @@ async def create_completion(request: Request) -> Response | SSEResponse:
     finals = await wait_for_finals(state, request, group)
     if isinstance(finals, Response):
         return finals
+    if prompt_only:
+        for completion in (c for out in finals for c in out.outputs):
+            completion.text, completion.token_ids, completion.stop_reason = "", [], None
+            completion.logprobs = [] if completion.logprobs is not None else None
+            completion.finish_reason = "length"
     return json_response(_response_body(job, finals))
+
+
+def _echo_logprobs(job: _Job, out: Any) -> dict[str, list[Any]] | None:
+    """The echoed prompt's legacy logprobs, when echo and logprobs were both asked (else None)."""
+    if not job.echo_logprobs or out.prompt_logprobs is None:
+        return None
+    return echo_logprobs(out.prompt_token_ids, out.prompt_logprobs, job.state.engine.tokenizer)
 
 
 def _response_body(job: _Job, finals: list[Any]) -> dict[str, Any]:
@@ -93,17 +114,23 @@ def _response_body(job: _Job, finals: list[Any]) -> dict[str, Any]:
     choices = []
     for p, out in enumerate(finals):
         prefix = job.echo_text(p) if job.echo else ""
+        echoed = _echo_logprobs(job, out)
+        start = echoed["text_offset"][-1] + len(echoed["tokens"][-1]) if echoed else len(prefix)
         for c in out.outputs:
             lp = None
             if job.params.logprobs is not None and c.logprobs is not None:
-                lp, _ = completion_logprobs(c.token_ids, c.logprobs, 0, len(c.token_ids), len(prefix), tokenizer)
-            choices.append({
+                lp, _ = completion_logprobs(c.token_ids, c.logprobs, 0, len(c.token_ids), start, tokenizer)
+                lp = joined(echoed, lp) if echoed else lp
+            choice = {
                 "index": p * n + c.index,
                 "text": prefix + c.text,
                 "logprobs": lp,
                 "finish_reason": c.finish_reason,
                 "stop_reason": c.stop_reason,
-            })
+            }
+            if job.vllm_prompt_logprobs and out.prompt_logprobs is not None:
+                choice["prompt_logprobs"] = vllm_prompt_logprobs(out.prompt_logprobs)
+            choices.append(choice)
     choices.sort(key=lambda choice: choice["index"])
     return {
         "id": job.id,
@@ -124,16 +151,25 @@ async def _stream(job: _Job, group: RequestGroup, include_usage: bool) -> AsyncI
     tokenizer = job.state.engine.tokenizer
     tracker = DeltaTracker([r.request_id for r in group.requests], n, every_token=want_logprobs)
     offsets = [0] * (len(job.prompts) * n)  # text_offset of each choice's next token
+    prompt_index = {r.request_id: p for p, r in enumerate(group.requests)}
     try:
-        if job.echo:
+        if job.echo and not job.echo_logprobs:
             parts = []
             for p in range(len(job.prompts)):
                 text = job.echo_text(p)
                 for i in range(n):
                     parts.append(head + _choice(p * n + i, text, None, None, None) + tail)
             yield b"".join(parts)
+        echoed: set[int] = set()  # echo with logprobs: each prompt goes out with its first output's logprobs
         while outputs := await group.next_outputs():
             parts = []
+            for out in outputs if job.echo_logprobs else ():
+                p = prompt_index[out.request_id]
+                if p not in echoed and (lp := _echo_logprobs(job, out)) is not None:
+                    echoed.add(p)
+                    for i in range(n):
+                        offsets[p * n + i] = lp["text_offset"][-1] + len(lp["tokens"][-1])
+                        parts.append(head + _choice(p * n + i, job.echo_text(p), lp, None, None) + tail)
             for d in tracker.deltas(outputs):
                 lp = None
                 if want_logprobs and d.completion.logprobs is not None:

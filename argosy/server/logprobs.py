@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from argosy.engine.outputs import Logprob, SampleLogprobs
+from argosy.engine.outputs import Logprob, PromptLogprobs, SampleLogprobs
 
 _FLOOR = -9999.0  # JSON has no -Infinity; vLLM clamps the same way
 
@@ -49,6 +49,27 @@ def completion_logprobs(
         text_offset += len(text)
     block = {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top_logprobs, "text_offset": offsets}
     return block, text_offset
+
+
+def echo_logprobs(prompt_token_ids: list[int], prompt_logprobs: PromptLogprobs, tokenizer: Any) -> dict[str, list[Any]]:
+    """Legacy `logprobs` of an echoed prompt (completions with echo): the first token has none (null), as in
+    OpenAI's and vLLM's answers; offsets count from 0, the completion's tokens continue from the last."""
+    first = tokenizer.decode(prompt_token_ids[:1], skip_special_tokens=False)
+    block, _ = completion_logprobs(prompt_token_ids, prompt_logprobs, 1, len(prompt_token_ids), len(first), tokenizer)
+    return {"tokens": [first, *block["tokens"]], "token_logprobs": [None, *block["token_logprobs"]],
+            "top_logprobs": [None, *block["top_logprobs"]], "text_offset": [0, *block["text_offset"]]}
+
+
+def joined(echo: dict[str, list[Any]], completion: dict[str, list[Any]]) -> dict[str, list[Any]]:
+    """An echoed prompt's logprobs followed by its completion's (whose offsets already follow the prompt's)."""
+    return {key: echo[key] + completion[key] for key in echo}
+
+
+def vllm_prompt_logprobs(prompt_logprobs: PromptLogprobs) -> list[dict[str, dict[str, Any]] | None]:
+    """vLLM's `prompt_logprobs` answer field: per prompt token, None or {token id: logprob, rank, decoded_token}."""
+    return [None if entries is None else
+            {str(tid): {"logprob": _value(lp.logprob), "rank": lp.rank, "decoded_token": lp.decoded_token}
+             for tid, lp in entries.items()} for entries in prompt_logprobs]
 
 
 def chat_logprobs(

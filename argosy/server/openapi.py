@@ -29,6 +29,7 @@ SAMPLING: dict[str, Any] = {
     "top_k": _nullable({"type": "integer", "minimum": -1}),
     "min_p": _nullable({"type": "number", "minimum": 0, "maximum": 1}),
     "seed": _nullable(INT),
+    "prompt_logprobs": _nullable({"type": "integer", "minimum": 0, "maximum": 20}),  # vLLM's; not with stream
     "presence_penalty": _nullable({"type": "number", "minimum": -2, "maximum": 2}),
     "frequency_penalty": _nullable({"type": "number", "minimum": -2, "maximum": 2}),
     "repetition_penalty": _nullable({"type": "number", "exclusiveMinimum": 0}),
@@ -39,7 +40,9 @@ SAMPLING: dict[str, Any] = {
     "ignore_eos": BOOL,
     "skip_special_tokens": BOOL,
     "include_stop_str_in_output": BOOL,
-    "logit_bias": _nullable({"type": "object", "maxProperties": 0}),  # biases are not supported: {} or null
+    "logit_bias": _nullable({"type": "object", "additionalProperties": {"type": "number"},  # token id: bias,
+                             "description": "token id (a string) to a bias added to its logit, clamped to "
+                                            "[-100, 100]"}),
     "stream": BOOL,
     "stream_options": _nullable({"type": "object", "properties": {"include_usage": BOOL}}),  # with stream only
     "priority": _nullable(INT),
@@ -60,9 +63,9 @@ def completion_request(max_model_len: int, model: dict | None = None) -> dict[st
         **SAMPLING, **({"model": model} if model else {}),
         "prompt": {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}, "minItems": 1},
                              TOKEN_IDS, {"type": "array", "items": TOKEN_IDS, "minItems": 1}]},
-        "max_tokens": _nullable({"type": "integer", "minimum": 1, "maximum": max_model_len}),
+        "max_tokens": _nullable({"type": "integer", "minimum": 0, "maximum": max_model_len}),  # 0: with echo only
         "echo": BOOL,
-        "logprobs": _nullable({"type": "integer", "minimum": 0, "maximum": 20}),  # not with echo
+        "logprobs": _nullable({"type": "integer", "minimum": 0, "maximum": 20}),  # with echo: the prompt's too
         "suffix": {"anyOf": [{"type": "null"}, {"const": ""}]}}}
 
 

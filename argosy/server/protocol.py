@@ -186,8 +186,10 @@ def stream_flags(fields: Fields) -> tuple[bool, bool]:
 
 
 def sampling_params(fields: Fields, *, max_tokens: int | None, logprobs: int | None,
-                    max_tokens_field: str = "max_tokens", structured_outputs: Any = None) -> SamplingParams:
-    """The sampling fields both endpoints share (OpenAI's and vLLM's extras) as SamplingParams."""
+                    max_tokens_field: str = "max_tokens", structured_outputs: Any = None,
+                    prompt_logprobs: int | None = None) -> SamplingParams:
+    """The sampling fields both endpoints share (OpenAI's and vLLM's extras) as SamplingParams.
+    prompt_logprobs: the endpoint's own need for them (completions' echo with logprobs), beside vLLM's field."""
     if max_tokens is not None and max_tokens < 1:
         raise APIError.bad_request(f"{max_tokens_field} must be at least 1, got {max_tokens}.", max_tokens_field)
     n = fields.get_int("n", 1)
@@ -197,8 +199,12 @@ def sampling_params(fields: Fields, *, max_tokens: int | None, logprobs: int | N
     best_of = fields.get_int("best_of")
     if best_of is not None and best_of != n:
         raise APIError.bad_request("best_of other than n is not supported.", "best_of")
-    fields.reject_unsupported("logit_bias", "this server samples without token biases")
     top_k = fields.get_int("top_k", 0)
+    asked = fields.get_int("prompt_logprobs")
+    if asked is not None and fields.body.get("stream") is True:  # as vLLM: they would come before any token
+        raise APIError.bad_request("'prompt_logprobs' are not available when 'stream' is true.", "prompt_logprobs")
+    if asked is not None:
+        prompt_logprobs = asked if prompt_logprobs is None else max(asked, prompt_logprobs)
     try:
         return SamplingParams(
             n=n,
@@ -218,10 +224,32 @@ def sampling_params(fields: Fields, *, max_tokens: int | None, logprobs: int | N
             logprobs=logprobs,
             skip_special_tokens=fields.get_bool("skip_special_tokens", True),
             include_stop_str_in_output=fields.get_bool("include_stop_str_in_output", False),
+            logit_bias=logit_bias(fields),
+            prompt_logprobs=prompt_logprobs,
             structured_outputs=structured_outputs,
         )
     except SamplingParamsError as exc:
         raise APIError.from_invalid(exc) from None
+
+
+def logit_bias(fields: Fields) -> dict[int, float] | None:
+    """OpenAI's `logit_bias`: an object of token ids (as strings, JSON keys being strings) to numbers."""
+    value = fields.get_dict("logit_bias")
+    if not value:
+        return None
+    bias: dict[int, float] = {}
+    for key, number in value.items():
+        token = key.strip()
+        if not (token.isascii() and token.isdigit()) or len(token) > 18:
+            raise APIError.bad_request(f"logit_bias keys must be token ids, got {key[:40]!r}.", "logit_bias")
+        if isinstance(number, bool) or not isinstance(number, int | float):
+            raise APIError.bad_request(f"logit_bias[{token}] must be a number, got {_type_name(number)}.",
+                                       "logit_bias")
+        try:
+            bias[int(token)] = float(number)
+        except OverflowError:  # an integer of hundreds of digits: clamped to +-100 like any other
+            bias[int(token)] = float("inf") if number > 0 else float("-inf")
+    return bias
 
 
 def scheduling_fields(fields: Fields) -> tuple[int, str | None]:
@@ -233,3 +261,25 @@ def scheduling_fields(fields: Fields) -> tuple[int, str | None]:
     fields.get_str("user")  # accepted and unused: OpenAI clients send it for abuse tracking
     assert priority is not None
     return priority, cache_salt
+
+
+# Names the server itself gives a chat template; chat_template_kwargs may not replace them (chat_template
+# would let a request run a template of its own: vLLM asks an operator's flag for that).
+_TEMPLATE_OWN = frozenset({"messages", "tools", "add_generation_prompt", "continue_final_message", "chat_template"})
+
+
+def chat_template_options(fields: Fields) -> dict[str, Any]:
+    """vLLM's chat template fields as apply_chat_template keywords: add_generation_prompt (true),
+    continue_final_message (false; not with add_generation_prompt given true), chat_template_kwargs (the
+    template's own switches, e.g. Qwen3's enable_thinking)."""
+    continue_final = fields.get_bool("continue_final_message", False)
+    if continue_final and fields.body.get("add_generation_prompt") is True:
+        raise APIError.bad_request("continue_final_message and add_generation_prompt cannot both be true: one "
+                                   "continues the last message, the other starts a new one.", "continue_final_message")
+    options: dict[str, Any] = {"add_generation_prompt": fields.get_bool("add_generation_prompt", not continue_final),
+                               "continue_final_message": continue_final}
+    extra = fields.get_dict("chat_template_kwargs") or {}
+    taken = sorted(_TEMPLATE_OWN.intersection(extra))
+    if taken:
+        raise APIError.bad_request(f"chat_template_kwargs may not set {', '.join(taken)}.", "chat_template_kwargs")
+    return {**extra, **options}

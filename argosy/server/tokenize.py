@@ -7,7 +7,7 @@ from starlette.responses import Response
 
 from argosy.server.chat import parse_messages
 from argosy.server.errors import APIError
-from argosy.server.protocol import Fields, check_model, read_json_body
+from argosy.server.protocol import Fields, chat_template_options, check_model, read_json_body
 from argosy.server.state import ServerState, json_response
 from argosy.server.tools import parse_tools, template_messages
 
@@ -23,12 +23,12 @@ async def tokenize(request: Request) -> Response:
         messages = parse_messages(fields.body["messages"])
         if not tokenizer.has_chat_template:
             raise APIError.bad_request("This model has no chat template.", "messages")
-        add_generation_prompt = fields.get_bool("add_generation_prompt", True)
+        options = chat_template_options(fields)
         tools = parse_tools(fields, tokenizer.chat_template)
         messages = template_messages(messages, tools, tokenizer.chat_template)
         extra = {"tools": tools.tools} if tools is not None else {}
         try:
-            text = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, **extra)
+            text = tokenizer.apply_chat_template(messages, **options, **extra)
         except Exception as exc:
             raise APIError.bad_request(f"The chat template rejected the messages: {exc}", "messages") from None
         add_special = fields.get_bool("add_special_tokens", False)
