@@ -17,7 +17,7 @@ import numpy as np
 from pydantic import Field, ValidationError, model_validator
 
 from argosy.bench.workload import DISTRIBUTIONS, LengthDist, load_trace
-from argosy.config import _Strict
+from argosy.config_section import ConfigSection
 from argosy.config_yaml import YamlFileError, read_yaml
 
 DAY_S, WEEK_S = 86400.0, 604800.0
@@ -27,7 +27,7 @@ DAY_S, WEEK_S = 86400.0, 604800.0
 MAX_REQUESTS = 10_000_000
 
 
-class Lengths(_Strict):
+class Lengths(ConfigSection):
     mean: int = Field(ge=1)
     dist: str = "fixed"
     spread: float = Field(0.0, ge=0)
@@ -42,29 +42,29 @@ class Lengths(_Strict):
         return LengthDist(self.mean, self.dist, self.spread)
 
 
-class Diurnal(_Strict):
+class Diurnal(ConfigSection):
     trough: float = Field(0.3, ge=0, le=1)  # the rate at the quietest hour, as a share of the peak
     peak_hour: float = Field(14.0, ge=0, lt=24)
 
 
-class Spike(_Strict):
+class Spike(ConfigSection):
     at_s: float = Field(ge=0)
     duration_s: float = Field(gt=0)
     multiplier: float = Field(gt=0)
 
 
-class SharedPrefix(_Strict):
+class SharedPrefix(ConfigSection):
     tokens: int = Field(ge=1)  # length of each shared prefix (a system prompt)
     groups: int = Field(1, ge=1)  # how many different prefixes (tenants, apps)
     fraction: float = Field(1.0, ge=0, le=1)  # share of requests that start with one
 
 
-class Region(_Strict):
+class Region(ConfigSection):
     name: str
     share: float = Field(1.0, gt=0)  # share of the traffic from this region (normalized)
 
 
-class Failure(_Strict):
+class Failure(ConfigSection):
     region: str
     at_s: float = Field(ge=0)
     duration_s: float = Field(gt=0)
@@ -74,7 +74,7 @@ class Failure(_Strict):
     notice_s: float | None = Field(None, ge=0)
 
 
-class TrafficSpec(_Strict):
+class TrafficSpec(ConfigSection):
     duration_s: float = Field(gt=0)
     rate: float = Field(1.0, gt=0)  # req/s at the peak of the curve
     burstiness: float = Field(1.0, gt=0)
