@@ -60,6 +60,7 @@ class LLMEngine:
         self.final_only: set[str] = set()
         self.grammars: GrammarCompiler | None = None  # made by the first structured request
         self._compiling: list[Sequence] = []  # sequences whose grammar was not ready when last looked at
+        self._token_texts: dict[int, str] = {}  # token id -> its text alone (logprobs' decoded_token)
 
     # -- requests -------------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams | None = None,
@@ -231,6 +232,14 @@ class LLMEngine:
         return [self._output(rid, now) for rid in touched
                 if rid not in final_only or all(s.finished for s in self.requests[rid])]
 
+    def _token_text(self, token_id: int) -> str:
+        """One token's text, for logprobs: decoded once per token id (at most the vocabulary), as a prompt's
+        logprobs ask it for every prompt token and its top-k, between two steps of everyone else."""
+        text = self._token_texts.get(token_id)
+        if text is None:
+            text = self._token_texts[token_id] = self.tokenizer.decode([token_id], skip_special_tokens=False)
+        return text
+
     def _fill_prompt_logprobs(self, spans: list[tuple[Sequence, int, int]], logits: torch.Tensor) -> None:
         """Each span's rows (positions first..first+count-1) give the logprobs of prompt tokens first+1 on."""
         next_ids = [t for seq, first, count in spans for t in seq.prompt_token_ids[first + 1:first + 1 + count]]
@@ -241,7 +250,7 @@ class LLMEngine:
             for token in seq.prompt_token_ids[first + 1:first + 1 + count]:
                 kept = {t: lp for t, lp in next(entries).items() if t == token or lp.rank <= k}
                 for tid, lp in kept.items():
-                    lp.decoded_token = self.tokenizer.decode([tid], skip_special_tokens=False)
+                    lp.decoded_token = self._token_text(tid)
                 seq.prompt_logprobs.append(kept)
 
     def _append(self, seq: Sequence, token: int, logprobs, sampled_logprob, now: float) -> None:
@@ -251,7 +260,7 @@ class LLMEngine:
         seq.last_token_time = now
         if logprobs is not None:
             for tid, lp in logprobs.items():
-                lp.decoded_token = self.tokenizer.decode([tid], skip_special_tokens=False)
+                lp.decoded_token = self._token_text(tid)
             seq.logprobs.append(logprobs)
         if sampled_logprob is not None:
             seq.cumulative_logprob += sampled_logprob

@@ -15,19 +15,16 @@ from argosy.engine.sequence import Sequence
 
 
 def apply_logit_bias(logits: torch.Tensor, seqs: Seq[Sequence]) -> None:
-    """In place: each row's logit_bias added to its tokens' logits (ids checked against the vocab on admission)."""
-    rows: list[int] = []
-    cols: list[int] = []
-    values: list[float] = []
-    for i, seq in enumerate(seqs):
-        for token, bias in (seq.params.logit_bias or {}).items():
-            rows.append(i)
-            cols.append(token)
-            values.append(bias)
-    if rows:
-        device = logits.device
-        index = (torch.tensor(rows, device=device), torch.tensor(cols, device=device))
-        logits.index_put_(index, torch.tensor(values, dtype=logits.dtype, device=device), accumulate=True)
+    """In place: each row's logit_bias added to its tokens' logits (ids checked against the vocab on admission).
+    The biases are tensors made once per request, so a bias on every token costs one indexed add a step."""
+    biased = [(i, *seq.params.logit_bias_tensors) for i, seq in enumerate(seqs) if seq.params.logit_bias]
+    if not biased:
+        return
+    device = logits.device
+    rows = torch.cat([torch.full((len(ids),), i, dtype=torch.long) for i, ids, _ in biased]).to(device)
+    cols = torch.cat([ids for _, ids, _ in biased]).to(device)
+    values = torch.cat([v for _, _, v in biased]).to(device, logits.dtype)
+    logits.index_put_((rows, cols), values, accumulate=True)
 
 
 def apply_min_tokens(logits: torch.Tensor, seqs: Seq[Sequence], eos_token_ids: set[int]) -> None:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
+
+import torch
 
 from argosy.engine.errors import InvalidRequestError
 from argosy.engine.structured.params import StructuredOutputsParams
@@ -54,6 +57,13 @@ class SamplingParams:
             self.logit_bias = {t: min(100.0, max(-100.0, float(b))) for t, b in self.logit_bias.items()}
         else:
             self.logit_bias = None
+
+    @functools.cached_property
+    def logit_bias_tensors(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """logit_bias as (token ids, biases) CPU tensors, made once: a request may bias the whole vocabulary,
+        and each of its rows is biased at every step."""
+        bias = self.logit_bias or {}
+        return torch.tensor(list(bias), dtype=torch.long), torch.tensor(list(bias.values()), dtype=torch.float32)
 
     @property
     def greedy(self) -> bool:
