@@ -391,3 +391,41 @@ def test_measure_node_names_why_serve_did_not_start(tmp_path):
     with pytest.raises(ValueError, match="output_tokens"):
         measure_node(str(tmp_path / "missing"), constant_profile(), max_num_seqs=4, token_budget=64,
                      kv_cache_memory_gib=0.05, output_tokens=8, log=lambda m: None)
+
+
+def test_the_neighbour_sweep_is_not_moved_by_the_host_drifting_under_it(monkeypatch):
+    # A host that slows steadily (2 us a step) under a sweep whose neighbours cost every step 0.5 ms: each
+    # cycle reads its first step against the same cycle's recovered steps, so the drift stays out of the term
+    # (timed in blocks, alone then after 1, 2 and 3 neighbours, it read 0.46, 0.50 and 0.54 ms here).
+    import torch
+
+    from argosy.sim import measure
+
+    class DriftingProbe:
+        calls, cold = 0, False
+
+        def decoding(self, batch, context):
+            pass
+
+        def clear(self):
+            pass
+
+        def timed_step(self):
+            self.calls += 1
+            cost, self.cold = 0.001 + 2e-6 * self.calls + (0.0005 if self.cold else 0.0), False
+            return cost
+
+    probe = DriftingProbe()
+
+    class Neighbours:  # reading it leaves the next step cold
+        def sum(self):
+            probe.cold = True
+
+    class Engine:
+        class runner:
+            model = torch.nn.Linear(64, 64)
+
+    monkeypatch.setattr(measure, "_neighbour_buffer", lambda nbytes: Neighbours())
+    table = measure._neighbour_sweep(Engine(), probe, 4, 3)
+    assert [n for n, _ in table] == [1.0, 2.0, 3.0]
+    assert all(t == pytest.approx(0.0005, abs=3e-5) for _, t in table), table

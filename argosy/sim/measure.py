@@ -81,40 +81,41 @@ def _neighbour_buffer(nbytes: int) -> np.ndarray:
     return np.ones(max(min(nbytes, NEIGHBOUR_CAP_BYTES) // 8, 1))
 
 
-def _beside_neighbours(engine: LLMEngine, median_of) -> tuple[float, list[tuple[float, float]]] | None:
-    """median_of(buffer) back to back (buffer None) and after n replicas' worth of weights went through the
-    cache, for n in NEIGHBOURS: (alone, [(n, time)]); alone is the mean of one taken before and one after,
-    on a machine whose speed drifts. None where the engine's weights are not known."""
-    size = _weight_bytes(engine)
-    if size == 0:
-        return None
-    alone = median_of(None)
-    rows = [(float(n), median_of(_neighbour_buffer(n * size))) for n in NEIGHBOURS]
-    return (alone + median_of(None)) / 2, rows
+# After a neighbour's weights went through the cache, a step is slowest at once and back to its back-to-back
+# time about six steps on (measured on the 2-core host): each cycle times the first step and, as its baseline,
+# the last RECOVERED of STEPS_PER_CYCLE. Cycles of a few ms leave the host's drift out: timed in blocks (all
+# steps alone, then all after neighbours), one profile read +0.00 ms after 1 and 2 where the next read +0.38
+# and +0.61, and back-to-back blocks a second apart took 2.8 and 1.7 ms.
+STEPS_PER_CYCLE, RECOVERED = 10, 4
+
+
+def _after_neighbours(buffer: np.ndarray, timed: Callable[[], float], cycles: int) -> list[tuple[float, float]]:
+    """`cycles` of (the first timed() run after `buffer` was read through the cache, the median of the last
+    RECOVERED of STEPS_PER_CYCLE runs after it)."""
+    pairs = []
+    for _ in range(cycles):
+        buffer.sum()  # every byte read, as a neighbour's step reads its weights
+        times = [timed() for _ in range(STEPS_PER_CYCLE)]
+        pairs.append((times[0], statistics.median(times[-RECOVERED:])))
+    return pairs
 
 
 def _neighbour_sweep(engine: LLMEngine, probe: _Prober, batch: int, repeats: int) -> tuple[tuple[float, float], ...]:
-    """Decode steps of `batch` sequences after n replicas' worth of weights went through the cache between
-    them (a buffer streamed as a neighbour's step reads its weights), less the same steps back to back:
-    (n, seconds) for n in NEIGHBOURS. What packing replicas onto one node costs each step, from one replica."""
-
-    def median_step(buffer: np.ndarray | None) -> float:
-        probe.decoding(batch, 32)
-        times = []
-        for k in range(6 * repeats + 1):
-            if buffer is not None:
-                buffer.sum()  # every byte read, as a neighbour's step reads its weights
-            t = probe.timed_step()
-            if k:  # the first step after the prefills is a warm-up
-                times.append(t)
-        probe.clear()
-        return statistics.median(times)
-
-    swept = _beside_neighbours(engine, median_step)
-    if swept is None:
+    """Decode steps of `batch` sequences right after n replicas' worth of weights went through the cache (a
+    buffer streamed as a neighbour's step reads its weights), less the same steps once back to their
+    back-to-back time: (n, seconds) for n in NEIGHBOURS, the median over cycles. What packing replicas onto one
+    node costs each step, from one replica."""
+    size = _weight_bytes(engine)
+    if size == 0:
         return ()
-    alone, rows = swept
-    return tuple((n, max(t - alone, 0.0)) for n, t in rows)
+    rows = []
+    for n in NEIGHBOURS:
+        probe.decoding(batch, 32)
+        probe.timed_step()  # the first step after the prefills is a warm-up
+        cycles = _after_neighbours(_neighbour_buffer(n * size), probe.timed_step, 4 * repeats)
+        probe.clear()
+        rows.append((float(n), max(statistics.median(first - steady for first, steady in cycles), 0.0)))
+    return tuple(rows)
 
 
 def _serving_path(tokens: int = 16) -> int:
@@ -131,26 +132,26 @@ def _serving_path(tokens: int = 16) -> int:
 
 
 def _node_neighbour_sweep(engine: LLMEngine, repeats: int) -> tuple[tuple[float, float], ...]:
-    """The serving path's time after n replicas' worth of weights went through the cache, over its time
-    back to back: (n, ratio) for n in NEIGHBOURS. On a packed node the gateway's, the event loops' and the
-    client's work on each chunk finds the engines' weights where its own code and data were."""
-
-    def median_run(buffer: np.ndarray | None) -> float:
-        times = []
-        for _ in range(40 * repeats):
-            if buffer is not None:
-                buffer.sum()
-            t = time.perf_counter()
-            _serving_path()
-            times.append(time.perf_counter() - t)
-        return statistics.median(times)
-
-    median_run(None)  # a warm-up
-    swept = _beside_neighbours(engine, median_run)
-    if swept is None:
+    """The serving path's time right after n replicas' worth of weights went through the cache, over its time
+    once recovered (as for steps, in cycles): (n, ratio) for n in NEIGHBOURS, the median over cycles. On a
+    packed node the gateway's, the event loops' and the client's work on each chunk finds the engines' weights
+    where its own code and data were."""
+    size = _weight_bytes(engine)
+    if size == 0:
         return ()
-    alone, rows = swept
-    return tuple((n, t / alone) for n, t in rows)
+
+    def timed_serving_path() -> float:
+        t = time.perf_counter()
+        _serving_path()
+        return time.perf_counter() - t
+
+    for _ in range(40):  # a warm-up
+        timed_serving_path()
+    rows = []
+    for n in NEIGHBOURS:
+        cycles = _after_neighbours(_neighbour_buffer(n * size), timed_serving_path, 12 * repeats)
+        rows.append((float(n), statistics.median(first / steady for first, steady in cycles)))
+    return tuple(rows)
 
 
 SLICE_STEPS = 300  # decode steps of one sequence (about 2 ms each) timed alone and again beside busy threads
