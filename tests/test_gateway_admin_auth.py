@@ -138,3 +138,27 @@ def test_on_loopback_with_no_keys_web_pages_cannot_use_them(upstream):
         assert OTHER in urls_of(s)
     finally:
         s.stop()
+
+
+def test_on_loopback_with_no_keys_web_pages_cannot_spend_the_model(upstream):
+    """Without keys the model routes need no credential either: a page the operator visits could POST
+    text/plain to /v1/completions (no CORS preflight) and spend the machine's model, or rebind its name to
+    127.0.0.1 and read the answers. Clients that are no browser send no Origin and are served; so is the
+    gateway's own page."""
+    s = serve(upstream, "127.0.0.1")
+    own = s.url.removeprefix("http://")
+    body = '{"model": "m", "prompt": "hi", "max_tokens": 2}'
+    try:
+        for headers in ({"origin": "http://evil.example", "content-type": "text/plain"},
+                        {"origin": "null", "content-type": "application/x-www-form-urlencoded"},
+                        {"host": "evil.example:" + own.rsplit(":", 1)[1], "origin": "http://evil.example"}):
+            for method, path in (("POST", "/v1/completions"), ("POST", "/v1/chat/completions"), ("GET", "/v1/models")):
+                r = httpx.request(method, s.url + path, content=body if method == "POST" else None, headers=headers,
+                                  timeout=10)
+                assert r.status_code == 403, (headers, path, r.text)
+                assert r.json()["error"]["code"] == "cross_origin"
+        r = httpx.post(s.url + "/v1/completions", content=body, headers={"origin": "http://" + own}, timeout=10)
+        assert r.status_code == 200 and r.json()["system_fingerprint"] == "u"
+        assert httpx.post(s.url + "/v1/completions", content=body, timeout=10).status_code == 200
+    finally:
+        s.stop()

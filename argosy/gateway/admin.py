@@ -70,11 +70,14 @@ def _host_of(netloc: str) -> str:
     return netloc.rsplit(":", 1)[0] if netloc.count(":") == 1 else netloc
 
 
-def _refuse_web_pages(scope: Scope) -> None:
-    """Open admin endpoints take no credential, so a web page the operator visits could call them: a form or
-    fetch() with a simple content type needs no CORS preflight (POST /admin/upstreams then sends the model's
-    prompts to the page's server), and a name the page rebinds to 127.0.0.1 makes it same-origin. A browser
-    names the page in Origin, and the name it connected to in Host: both must be this machine's loopback."""
+def refuse_web_pages(scope: Scope, refused: str = "admin endpoints without an admin key answer only this "
+                                                  "machine's own clients", code: str = "admin_cross_origin") -> None:
+    """Open endpoints take no credential, so a web page the operator visits could call them: a form or fetch()
+    with a simple content type needs no CORS preflight (POST /admin/upstreams then sends the model's prompts to
+    the page's server; POST /v1/completions spends the machine's model on the page's behalf), and a name the
+    page rebinds to 127.0.0.1 makes it same-origin, its answers readable. A browser names the page in Origin,
+    and the name it connected to in Host: both must be this machine's loopback. (Ollama refuses other origins
+    by default for the same reason.)"""
     host = header(scope, b"host")
     origin = header(scope, b"origin")
     host_s = host.decode("latin-1").strip() if host is not None else None
@@ -84,8 +87,7 @@ def _refuse_web_pages(scope: Scope) -> None:
         why = f"the request comes from the web page {origin.decode('latin-1')!r}"
     else:
         return
-    raise GatewayError(403, f"admin endpoints without an admin key answer only this machine's own clients: {why}",
-                       "permission_error", "admin_cross_origin")
+    raise GatewayError(403, f"{refused}: {why}", "permission_error", code)
 
 
 async def require_admin(gw: Gateway, scope: Scope) -> None:
@@ -96,7 +98,7 @@ async def require_admin(gw: Gateway, scope: Scope) -> None:
         return
     if gw.keys.admin_hash is None:
         if gw.keys.empty and gw.loopback_only:
-            _refuse_web_pages(scope)
+            refuse_web_pages(scope)
             return
         why = "the gateway listens beyond loopback" if not gw.loopback_only else "the fleet has API keys"
         raise GatewayError(403, f"admin endpoints need an admin key: {why}. On this machine `argosy keys` and "

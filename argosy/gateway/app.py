@@ -247,8 +247,11 @@ class Gateway:
 
     async def authenticate(self, scope: Scope) -> KeyRecord | None:
         rec = await self.auth.request_key(scope)  # 401, or 429 for an address with many failures
-        if rec is None:
-            return None  # no keys configured: loopback only (checked at startup), no key needed
+        if rec is None:  # no keys configured: loopback only (checked at startup), no key needed...
+            if self.loopback_only:  # ...but no web page may use it (admin.refuse_web_pages)
+                admin.refuse_web_pages(scope, "without API keys this gateway answers only this machine's own "
+                                              "clients, not web pages", "cross_origin")
+            return None
         if rec.expired():
             raise GatewayError(401, f"the API key {rec.name!r} has expired", "authentication_error", "key_expired")
         return rec
