@@ -143,8 +143,8 @@ def test_on_loopback_with_no_keys_web_pages_cannot_use_them(upstream):
 def test_on_loopback_with_no_keys_web_pages_cannot_spend_the_model(upstream):
     """Without keys the model routes need no credential either: a page the operator visits could POST
     text/plain to /v1/completions (no CORS preflight) and spend the machine's model, or rebind its name to
-    127.0.0.1 and read the answers. Clients that are no browser send no Origin and are served; so is the
-    gateway's own page."""
+    127.0.0.1 and read the answers (a browser names the page in Origin on every POST). Clients that are no
+    browser send no Origin and are served, whatever Host they name; so is the gateway's own page."""
     s = serve(upstream, "127.0.0.1")
     own = s.url.removeprefix("http://")
     body = '{"model": "m", "prompt": "hi", "max_tokens": 2}'
@@ -160,5 +160,7 @@ def test_on_loopback_with_no_keys_web_pages_cannot_spend_the_model(upstream):
         r = httpx.post(s.url + "/v1/completions", content=body, headers={"origin": "http://" + own}, timeout=10)
         assert r.status_code == 200 and r.json()["system_fingerprint"] == "u"
         assert httpx.post(s.url + "/v1/completions", content=body, timeout=10).status_code == 200
+        assert httpx.post(s.url + "/v1/completions", content=body, headers={"host": "proxy.internal"},
+                          timeout=10).status_code == 200
     finally:
         s.stop()

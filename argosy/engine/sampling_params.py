@@ -5,11 +5,13 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass, field
-
-import torch
+from typing import TYPE_CHECKING
 
 from argosy.engine.errors import InvalidRequestError
 from argosy.engine.structured.params import StructuredOutputsParams
+
+if TYPE_CHECKING:
+    import torch
 
 
 class SamplingParamsError(InvalidRequestError):
@@ -62,6 +64,8 @@ class SamplingParams:
     def logit_bias_tensors(self) -> tuple[torch.Tensor, torch.Tensor]:
         """logit_bias as (token ids, biases) CPU tensors, made once: a request may bias the whole vocabulary,
         and each of its rows is biased at every step."""
+        import torch  # here: `argosy` imports this module, and the gateway runs without torch
+
         bias = self.logit_bias or {}
         return torch.tensor(list(bias), dtype=torch.long), torch.tensor(list(bias.values()), dtype=torch.float32)
 

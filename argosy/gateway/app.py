@@ -248,7 +248,8 @@ class Gateway:
     async def authenticate(self, scope: Scope) -> KeyRecord | None:
         rec = await self.auth.request_key(scope)  # 401, or 429 for an address with many failures
         if rec is None:  # no keys configured: loopback only (checked at startup), no key needed...
-            if self.loopback_only:  # ...but no web page may use it (admin.refuse_web_pages)
+            if self.loopback_only and header(scope, b"origin") is not None:  # ...but no web page may use it
+                # (admin.refuse_web_pages); a browser names the page in Origin on every POST, its own too
                 admin.refuse_web_pages(scope, "without API keys this gateway answers only this machine's own "
                                               "clients, not web pages", "cross_origin")
             return None
