@@ -234,7 +234,9 @@ def test_logit_bias_forces_a_token_and_bad_biases_are_named(server, client):
                                        max_completion_tokens=3, logit_bias={str(forced): 1e300}, extra_body=NO_EOS)
     assert r.choices[0].message.content == httpx.post(server.url + "/detokenize",
                                                       json={"tokens": [forced] * 3}).json()["prompt"]
+    flood = {str(i): 1 for i in range(300_000)}  # refused before any loop over it
     for bias, says in (({"100000": 1}, "outside this model's vocabulary"), ({"abc": 1}, "must be token ids"),
+                       (flood, "at most 262,144"),
                        ({"1": "up"}, "must be a number"), ([1, 2], "'logit_bias' must be an object")):
         with pytest.raises(openai.BadRequestError) as e:
             client.completions.create(model=MODEL_NAME, prompt="Hi", max_tokens=2, logit_bias=bias)
@@ -296,3 +298,12 @@ def test_max_tokens_0_with_echo_answers_the_scored_prompt_alone(server, client):
     for extra, says in (({"echo": False}, "max_tokens"), ({"echo": True, "stream": True}, "not streamed")):
         with pytest.raises(openai.BadRequestError, match=says):
             client.completions.create(model=MODEL_NAME, prompt=prompt, max_tokens=0, **extra)
+
+
+def test_chat_template_kwargs_reach_the_template_beside_the_servers_own_switches():
+    from argosy.server.protocol import Fields, chat_template_options
+
+    assert chat_template_options(Fields({"chat_template_kwargs": {"enable_thinking": False}})) == {
+        "enable_thinking": False, "add_generation_prompt": True, "continue_final_message": False}
+    assert chat_template_options(Fields({"continue_final_message": True})) == {
+        "add_generation_prompt": False, "continue_final_message": True}

@@ -71,9 +71,9 @@ class LLMEngine:
         if request_id in self.requests:
             raise InvalidRequestError(f"request id {request_id!r} is already running", "request_id")
         token_ids = self._tokenize(prompt)
-        outside = [t for t in params.logit_bias or () if t >= self.vocab_size]
-        if outside:
-            raise InvalidRequestError(f"logit_bias names token id {outside[0]}, outside this model's vocabulary "
+        highest = max(params.logit_bias or (), default=-1)
+        if highest >= self.vocab_size:
+            raise InvalidRequestError(f"logit_bias names token id {highest}, outside this model's vocabulary "
                                       f"(ids 0 to {self.vocab_size - 1})", "logit_bias")
         if params.logprobs is not None and params.logprobs > self.config.max_logprobs:
             raise InvalidRequestError(f"logprobs must be at most {self.config.max_logprobs}", "logprobs")
@@ -243,15 +243,14 @@ class LLMEngine:
     def _fill_prompt_logprobs(self, spans: list[tuple[Sequence, int, int]], logits: torch.Tensor) -> None:
         """Each span's rows (positions first..first+count-1) give the logprobs of prompt tokens first+1 on."""
         next_ids = [t for seq, first, count in spans for t in seq.prompt_token_ids[first + 1:first + 1 + count]]
-        entries = iter(prompt_logprobs(logits[:, : self.vocab_size], next_ids,
-                                       max(seq.params.prompt_logprobs for seq, _, _ in spans)))
-        for seq, first, count in spans:
-            k = seq.params.prompt_logprobs
-            for token in seq.prompt_token_ids[first + 1:first + 1 + count]:
-                kept = {t: lp for t, lp in next(entries).items() if t == token or lp.rank <= k}
-                for tid, lp in kept.items():
+        top_ks = [seq.params.prompt_logprobs for seq, _, count in spans for _ in range(count)]
+        entries = iter(prompt_logprobs(logits[:, : self.vocab_size], next_ids, top_ks))
+        for seq, _, count in spans:
+            for _ in range(count):
+                entry = next(entries)
+                for tid, lp in entry.items():
                     lp.decoded_token = self._token_text(tid)
-                seq.prompt_logprobs.append(kept)
+                seq.prompt_logprobs.append(entry)
 
     def _append(self, seq: Sequence, token: int, logprobs, sampled_logprob, now: float) -> None:
         seq.append_token(token)

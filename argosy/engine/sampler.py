@@ -25,27 +25,36 @@ from argosy.engine.outputs import Logprob
 from argosy.engine.sequence import Sequence
 
 
-def prompt_logprobs(logits: torch.Tensor, next_token_ids: list[int], top_k: int,
+def ranked_logprobs(logprobs: torch.Tensor, token_ids: list[int], top_ks: list[int]) -> list[dict[int, Logprob]]:
+    """Row i's token_ids[i] with its logprob and rank (1 = most likely; ties count as above, as vLLM), then the
+    row's top_ks[i] most likely tokens; a token among them keeps its top-k rank (vLLM). `logprobs` are already
+    log-softmaxed, [rows, vocab]."""
+    chosen_lp = logprobs.gather(1, torch.tensor(token_ids, device=logprobs.device).unsqueeze(1))
+    ranks = (logprobs >= chosen_lp).sum(dim=-1).tolist()
+    max_k = max(top_ks, default=0)
+    top_lps: list[list[float]] = [[] for _ in token_ids]
+    top_ids: list[list[int]] = [[] for _ in token_ids]
+    if max_k > 0:
+        values, indices = logprobs.topk(max_k, dim=-1)
+        top_lps, top_ids = values.tolist(), indices.tolist()
+    out = []
+    for i, (token, lp) in enumerate(zip(token_ids, chosen_lp.squeeze(1).tolist(), strict=True)):
+        entry = {token: Logprob(lp, ranks[i])}
+        k = top_ks[i]
+        entry.update({t: Logprob(v, r + 1) for r, (t, v) in enumerate(zip(top_ids[i][:k], top_lps[i][:k],
+                                                                           strict=True))})
+        out.append(entry)
+    return out
+
+
+def prompt_logprobs(logits: torch.Tensor, next_token_ids: list[int], top_ks: list[int],
                     rows_at_once: int = 256) -> list[dict[int, Logprob]]:
-    """Row i's logits predict next_token_ids[i]: that token's logprob and rank (1 = most likely; ties count as
-    above, as for sampled tokens), then the top_k, from the raw logits. A prefill chunk has up to a step's
+    """ranked_logprobs of the prompt tokens that row i's raw logits predict. A prefill chunk has up to a step's
     token budget of rows: they are taken rows_at_once at a time, so the float32 copies stay small beside them."""
     out: list[dict[int, Logprob]] = []
     for at in range(0, len(next_token_ids), rows_at_once):
-        ids = next_token_ids[at:at + rows_at_once]
         logprobs = logits[at:at + rows_at_once].float().log_softmax(dim=-1)
-        chosen_lp = logprobs.gather(1, torch.tensor(ids, device=logits.device).unsqueeze(1))
-        ranks = (logprobs >= chosen_lp).sum(dim=-1).tolist()
-        top_lps: list[list[float]] = [[] for _ in ids]
-        top_ids: list[list[int]] = [[] for _ in ids]
-        if top_k > 0:
-            values, indices = logprobs.topk(top_k, dim=-1)
-            top_lps, top_ids = values.tolist(), indices.tolist()
-        for i, (token, lp) in enumerate(zip(ids, chosen_lp.squeeze(1).tolist(), strict=True)):
-            entry = {token: Logprob(lp, ranks[i])}
-            entry.update({t: Logprob(v, r + 1) for r, (t, v) in enumerate(zip(top_ids[i], top_lps[i], strict=True))
-                          if t != token})
-            out.append(entry)
+        out += ranked_logprobs(logprobs, next_token_ids[at:at + rows_at_once], top_ks[at:at + rows_at_once])
     return out
 
 
@@ -199,22 +208,9 @@ class Sampler:
     @staticmethod
     def _fill_logprobs(raw_logprobs: torch.Tensor, token_ids: torch.Tensor, rows: list[int], seqs: list[Sequence],
                        out: list[dict[int, Logprob] | None], sampled_out: list[float | None]) -> None:
-        """The sampled token's logprob and rank (1 = most likely; ties count as above, as vLLM), plus the top-k."""
-        chosen = Sampler._select(token_ids, rows).unsqueeze(1)
-        chosen_lp = raw_logprobs.gather(1, chosen)
-        ranks = (raw_logprobs >= chosen_lp).sum(dim=-1).tolist()
-        chosen_ids, chosen_lps = chosen.squeeze(1).tolist(), chosen_lp.squeeze(1).tolist()
-        max_k = max(seqs[i].params.logprobs or 0 for i in rows)
-        top_lps: list[list[float]] = [[] for _ in rows]
-        top_ids: list[list[int]] = [[] for _ in rows]
-        if max_k > 0:
-            values, indices = raw_logprobs.topk(max_k, dim=-1)
-            top_lps, top_ids = values.tolist(), indices.tolist()
-        for j, i in enumerate(rows):
-            entry = {chosen_ids[j]: Logprob(chosen_lps[j], ranks[j])}
-            k = seqs[i].params.logprobs or 0
-            # Top-k entries after the sampled one, so a sampled token in the top-k keeps its top-k rank (vLLM).
-            top = zip(top_ids[j][:k], top_lps[j][:k], strict=True)
-            entry.update({t: Logprob(lp, r + 1) for r, (t, lp) in enumerate(top)})
+        """The sampled token's logprob and rank, plus the top-k (ranked_logprobs)."""
+        chosen = Sampler._select(token_ids, rows).tolist()
+        entries = ranked_logprobs(raw_logprobs, chosen, [seqs[i].params.logprobs or 0 for i in rows])
+        for i, token, entry in zip(rows, chosen, entries, strict=True):
             out[i] = entry
-            sampled_out[i] = chosen_lps[j]
+            sampled_out[i] = entry[token].logprob

@@ -18,6 +18,22 @@ class SamplingParamsError(InvalidRequestError):
     """A sampling setting is out of range; `param` names the offending field."""
 
 
+def _clamped_logit_bias(bias: object) -> dict[int, float]:
+    """logit_bias with each value clamped to [-100, 100], as vLLM does; SamplingParamsError for a key that is
+    no token id or a value that is no number."""
+    if not isinstance(bias, dict):
+        raise SamplingParamsError("logit_bias must map token ids to numbers.", "logit_bias")
+    clamped = {}
+    for token, value in bias.items():
+        if not isinstance(token, int) or isinstance(token, bool) or token < 0:
+            raise SamplingParamsError(f"logit_bias keys must be token ids (integers >= 0), got {token!r}.",
+                                      "logit_bias")
+        if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value):
+            raise SamplingParamsError(f"logit_bias[{token}] must be a number, got {value!r}.", "logit_bias")
+        clamped[token] = min(100.0, max(-100.0, float(value)))
+    return clamped
+
+
 @dataclass
 class SamplingParams:
     n: int = 1
@@ -55,10 +71,8 @@ class SamplingParams:
         if self.top_k == -1:
             self.top_k = 0
         self.validate()
-        if self.logit_bias:
-            self.logit_bias = {t: min(100.0, max(-100.0, float(b))) for t, b in self.logit_bias.items()}
-        else:
-            self.logit_bias = None
+        if self.logit_bias is not None:  # checked and clamped in one pass: a request may bias the whole vocabulary
+            self.logit_bias = _clamped_logit_bias(self.logit_bias) or None
 
     @functools.cached_property
     def logit_bias_tensors(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -108,13 +122,5 @@ class SamplingParams:
             fail("prompt_logprobs", f"prompt_logprobs must be between 0 and 20, got {self.prompt_logprobs}.")
         if any(not isinstance(s, str) or not s for s in self.stop):
             fail("stop", "stop must hold non-empty strings.")
-        if self.logit_bias is not None:
-            if not isinstance(self.logit_bias, dict):
-                fail("logit_bias", "logit_bias must map token ids to numbers.")
-            for token, bias in self.logit_bias.items():
-                if not isinstance(token, int) or isinstance(token, bool) or token < 0:
-                    fail("logit_bias", f"logit_bias keys must be token ids (integers >= 0), got {token!r}.")
-                if isinstance(bias, bool) or not isinstance(bias, int | float) or math.isnan(bias):
-                    fail("logit_bias", f"logit_bias[{token}] must be a number, got {bias!r}.")
         if self.seed is not None and (not isinstance(self.seed, int) or not -(2**63) <= self.seed < 2**64):
             fail("seed", "seed must be an integer that fits in 64 bits.")  # torch's generators take no more

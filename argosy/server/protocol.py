@@ -232,11 +232,17 @@ def sampling_params(fields: Fields, *, max_tokens: int | None, logprobs: int | N
         raise APIError.from_invalid(exc) from None
 
 
+MAX_LOGIT_BIAS = 1 << 18  # entries: above the largest common vocabularies (Gemma's 256,000 tokens)
+
+
 def logit_bias(fields: Fields) -> dict[int, float] | None:
     """OpenAI's `logit_bias`: an object of token ids (as strings, JSON keys being strings) to numbers."""
     value = fields.get_dict("logit_bias")
     if not value:
         return None
+    if len(value) > MAX_LOGIT_BIAS:  # refused before a loop over it: no vocabulary has that many tokens
+        raise APIError.bad_request(f"logit_bias holds {len(value):,} entries; at most {MAX_LOGIT_BIAS:,}.",
+                                   "logit_bias")
     bias: dict[int, float] = {}
     for key, number in value.items():
         token = key.strip()
