@@ -98,3 +98,48 @@ def test_replica_killed_under_load_every_request_answered_or_refused(tiny_llama)
             gw.stop()
         for r in reps:
             r.stop()
+
+
+def test_tokenize_and_detokenize_reach_a_replica_through_the_gateway(replicas):
+    """vLLM's tokenizer routes, through the gateway as on the replica itself: a key may use them (counted as
+    requests, billing no tokens), `model` may be left out with one model, bad bodies are named."""
+    from argosy.gateway.keys import new_key
+    from tests.gateway_fixtures import pepper_for_tests
+
+    key, key_hash = new_key(pepper_for_tests())
+    admin_key, admin_hash = new_key(pepper_for_tests())
+    gw = None
+    try:
+        gw = start_gateway({"keys": [{"name": "team", "hash": key_hash, "tpm": 1000}], "admin_key_hash": admin_hash,
+                            "models": [{"name": MODEL_NAME, "upstreams": [r.url for r in replicas],
+                                        "routing": {"policy": "prefix"}}]})
+        auth = {"authorization": f"Bearer {key}"}
+        prompt = {"model": MODEL_NAME, "prompt": "Hello there, how are you?"}
+        own = httpx.post(replicas[0].url + "/tokenize", json=prompt, timeout=30).json()
+        assert httpx.post(gw.url + "/tokenize", json=prompt, timeout=30).status_code == 401  # keys apply
+        via = httpx.post(gw.url + "/tokenize", json=prompt, headers=auth, timeout=30)
+        assert via.status_code == 200, via.text
+        assert via.json()["tokens"] == own["tokens"] and via.json()["count"] == own["count"] > 0
+        unnamed = httpx.post(gw.url + "/tokenize", json={"prompt": prompt["prompt"], "stream": True}, headers=auth,
+                             timeout=30)  # no model named (the fleet's one); `stream` means nothing here
+        assert unnamed.status_code == 200 and unnamed.json()["tokens"] == own["tokens"]
+        text = httpx.post(gw.url + "/detokenize", json={"model": MODEL_NAME, "tokens": own["tokens"]}, headers=auth,
+                          timeout=30)
+        assert text.status_code == 200
+        assert text.json() == httpx.post(replicas[1].url + "/detokenize", json={"tokens": own["tokens"]},
+                                         timeout=30).json()
+        for path, body, param in (("/tokenize", {"model": MODEL_NAME, "prompt": 5}, "prompt"),
+                                  ("/detokenize", {"model": MODEL_NAME, "tokens": ["a"]}, "tokens"),
+                                  ("/detokenize", {"model": MODEL_NAME, "tokens": [-1]}, "tokens"),
+                                  ("/tokenize", {"model": MODEL_NAME, "messages": []}, "messages")):
+            bad = httpx.post(gw.url + path, json=body, headers=auth, timeout=30)
+            assert (bad.status_code, bad.json()["error"]["param"]) == (400, param), (path, body, bad.text)
+        missing = httpx.post(gw.url + "/tokenize", json={"model": "nope", "prompt": "x"}, headers=auth, timeout=30)
+        assert missing.status_code == 404
+        assert httpx.get(gw.url + "/tokenize", headers=auth, timeout=30).status_code == 405
+        usage = httpx.get(gw.url + "/admin/keys", headers={"authorization": f"Bearer {admin_key}"},
+                          timeout=30).json()["keys"][0]["usage"]
+        assert usage["requests"] == 3 and usage["input_tokens"] == usage["output_tokens"] == 0, usage
+    finally:
+        if gw:
+            gw.stop()

@@ -10,9 +10,9 @@ import pytest
 
 from argosy.gateway.components import (
     check_endpoint,
+    default_model,
     encoder_prompt,
     set_encoder_texts,
-    tei_default_model,
     usage_total,
 )
 from argosy.gateway.errors import GatewayError
@@ -34,13 +34,13 @@ def test_each_kind_serves_its_endpoints(kind, path, ok):
 
 def test_a_tei_body_without_model_goes_to_the_one_model_serving_the_route():
     kinds = {"chat": "generate", "embed": "embed", "cross": "rerank"}
-    assert tei_default_model("/rerank", kinds) == "cross"  # the cross-encoder before the bi-encoder
-    assert tei_default_model("/embed", kinds) == "embed"
+    assert default_model("/rerank", kinds) == "cross"  # the cross-encoder before the bi-encoder
+    assert default_model("/embed", kinds) == "embed"
     with pytest.raises(GatewayError) as e:
-        tei_default_model("/embed", {**kinds, "embed2": "embed"})
+        default_model("/embed", {**kinds, "embed2": "embed"})
     assert e.value.status == 400 and e.value.param == "model"
     with pytest.raises(GatewayError) as e:
-        tei_default_model("/rerank", {"chat": "generate"})
+        default_model("/rerank", {"chat": "generate"})
     assert e.value.status == 424
 
 

@@ -7,7 +7,7 @@ import json
 
 from argosy.cost.prices import PriceBook
 from argosy.gateway.bodies import ProxiedRequest
-from argosy.gateway.components import ENCODER_PATHS, usage_total
+from argosy.gateway.components import ENCODER_PATHS, TOKENIZER_PATHS, usage_total
 from argosy.gateway.keys import KeyRecord
 from argosy.gateway.proxy import Call
 from argosy.gateway.ratelimit import MemoryLimiter, RedisLimiter
@@ -20,7 +20,9 @@ def key_class(key: KeyRecord | None) -> str:
 
 def tokens_used(call: Call, req: ProxiedRequest) -> tuple[int, int]:
     """(input, output) tokens: the response's usage (non-streamed), about one output token per streamed event,
-    nothing for a failed call."""
+    nothing for a failed call or a tokenizer route (no model ran)."""
+    if req.path in TOKENIZER_PATHS:
+        return 0, 0
     if call.stream:
         return req.prompt_tokens, max(0, call.completion_events - 1)  # ~one token per event, minus [DONE]
     if call.output and call.status == 200 and req.path in ENCODER_PATHS:

@@ -26,12 +26,14 @@ from argosy.gateway.asgi import Receive, Scope, Send, client_gone, header, respo
 from argosy.gateway.auth import Authenticator
 from argosy.gateway.bodies import ProxiedRequest
 from argosy.gateway.components import (
+    DEFAULT_MODEL_PATHS,
     ENCODER_PATHS,
     TEI_PATHS,
+    TOKENIZER_PATHS,
     check_endpoint,
     encoder_prompt,
     tei_error_body,
-    with_tei_model,
+    with_default_model,
 )
 from argosy.gateway.errors import GatewayError, rate_limited
 from argosy.gateway.fleet_view import FleetView
@@ -218,11 +220,11 @@ class Gateway:
         body = await read_body(scope, receive, self.fleet.gateway.max_body_bytes)  # 413 while reading
         if inbound is not None:
             self.regions.verify(inbound, path, body)  # signed with the regions' secret, or 401
-        if path in TEI_PATHS:
-            body = with_tei_model(body, path, self.kinds)  # TEI's bodies name no model: the one serving the route
+        if path in DEFAULT_MODEL_PATHS:
+            body = with_default_model(body, path, self.kinds)  # no model named: the one serving the route
         req = ProxiedRequest.parse(path, body, self.fleet.gateway.default_max_tokens)
         rt = self.model_for(req, key)
-        if inbound is None:  # a forwarded request passed them in the region it arrived at
+        if inbound is None and path not in TOKENIZER_PATHS:  # a forwarded request passed them where it arrived
             await self.input_guardrails(rt, req)
         self.log_request(rt, req)
         await self.take_limits(key, rt, req)
@@ -349,14 +351,15 @@ class Gateway:
         wanted = header(scope, rt.cfg.rollout.revision_header.lower().encode()) if rt.selectable else None
         revision, router = rt.pick(sess_key, wanted.decode(errors="replace") if wanted else None)
         rreq = RouteRequest(req.text, req.prompt_tokens, sess_key)
-        shadow_out = self.shadower.maybe_start(rt, req.path, req.fields, rreq, revision)
+        generates = req.path not in TOKENIZER_PATHS
+        shadow_out = self.shadower.maybe_start(rt, req.path, req.fields, rreq, revision) if generates else None
         billed = key is not None and (key.tpm or req.path in ENCODER_PATHS)  # encoders: exact usage per key
         keep = (shadow_out is not None or bool(billed) and not req.stream or rt.cfg.debug
-                or rt.recording and not req.stream)  # a rollout's samples count the answer's tokens
+                or rt.recording and generates and not req.stream)  # a rollout's samples count the answer's tokens
         return Call(rt.name, revision, req.path, req.body, req.stream, rreq, req.estimate, router, t0,
                     rt.output_guard, keep_output=keep, trace=rq.trace, headers=rq.upstream_headers,
                     request_id=rq.request_id, shadow_out=shadow_out, fallback=rt.fallback_for(revision),
-                    gaps=[] if rt.recording and req.stream else None)
+                    gaps=[] if rt.recording and req.stream else None, recorded=rt.recording and generates)
 
     async def forward(self, rt: ModelRuntime, call: Call, key: KeyRecord | None, req: ProxiedRequest,
                       gone: asyncio.Future, send: Send) -> None:
@@ -375,7 +378,7 @@ class Gateway:
             self.m.e2e.labels(rt.name, call.route, call.upstream).observe(time.monotonic() - call.t0)
             if call.shadow_out is not None and not call.shadow_out.done():
                 call.shadow_out.set_result((call.output, call.stream))
-            if rt.recording and not 400 <= call.status < 500:
+            if call.recorded and not 400 <= call.status < 500:
                 rt.stats.add(RequestSample(time.monotonic(), call.route, LIVE, call.status != 200,
                                            time.monotonic() - call.t0, call.ttft, call.gaps,
                                            output_tokens(call.stream, call.completion_events, call.output)))

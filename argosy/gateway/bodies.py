@@ -8,7 +8,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from argosy.gateway.components import ENCODER_PATHS, encoder_prompt, set_encoder_texts
+from argosy.gateway.components import ENCODER_PATHS, TOKENIZER_PATHS, encoder_prompt, set_encoder_texts
 from argosy.gateway.limits import parse_json
 from argosy.gateway.validation import check_body
 
@@ -35,8 +35,9 @@ class ProxiedRequest:
         check_body(path, req)
         text, ptoks, texts = prompt_of(path, req)
         max_toks = req.get("max_tokens") or req.get("max_completion_tokens") or default_max_tokens
-        est = ptoks + (int(max_toks) if path not in ENCODER_PATHS else 0)
-        return cls(path, body, req, req["model"], bool(req.get("stream")), req.get("user") or None, text, ptoks,
+        est = ptoks + (int(max_toks) if path not in ENCODER_PATHS | TOKENIZER_PATHS else 0)
+        stream = bool(req.get("stream")) and path not in TOKENIZER_PATHS  # they answer JSON whatever is asked
+        return cls(path, body, req, req["model"], stream, req.get("user") or None, text, ptoks,
                    texts, est)
 
     def set_texts(self, texts: list[str]) -> None:
@@ -47,6 +48,8 @@ class ProxiedRequest:
 
 def prompt_of(path: str, req: dict) -> tuple[str, int, list[str]]:
     """(routing text, estimated prompt tokens, the texts input guardrails see)."""
+    if path in TOKENIZER_PATHS:
+        return "", 0, []
     if path in ENCODER_PATHS:  # embeddings and rerank (a cross-encoder's estimate: Gateway.model_for)
         return encoder_prompt(path, req, "embed")
     if path == "/v1/chat/completions":

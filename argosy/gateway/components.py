@@ -16,11 +16,16 @@ from typing import Any
 
 from argosy.gateway.errors import GatewayError, bad_request
 
-ENDPOINTS = {"generate": ("/v1/chat/completions", "/v1/completions"),
+ENDPOINTS = {"generate": ("/v1/chat/completions", "/v1/completions", "/tokenize", "/detokenize"),
              "embed": ("/v1/embeddings", "/embed", "/v1/rerank", "/rerank"),
              "rerank": ("/v1/rerank", "/rerank")}
 ENCODER_PATHS = frozenset({"/v1/embeddings", "/embed", "/v1/rerank", "/rerank"})
 TEI_PATHS = frozenset({"/embed", "/rerank"})
+# vLLM's tokenizer routes: a replica's tokenizer, nothing generated, so no tokens billed, no guardrail, shadow or
+# rollout sample, and no prompt for the prefix index (a tokenized prompt leaves no KV behind on the replica).
+# Like vLLM's, their `model` may be left out where the fleet has one model serving them.
+TOKENIZER_PATHS = frozenset({"/tokenize", "/detokenize"})
+DEFAULT_MODEL_PATHS = TEI_PATHS | TOKENIZER_PATHS
 _USAGE_TAIL = re.compile(rb'"usage"\s*:\s*\{[^{}]*"total_tokens"\s*:\s*(\d+)')
 
 
@@ -30,8 +35,8 @@ def check_endpoint(model: str, kind: str, path: str) -> None:
                            f"not {path}", "invalid_request_error", "wrong_model_kind", "model")
 
 
-def tei_default_model(path: str, kinds: dict[str, str]) -> str:
-    """The model a TEI-shaped request without `model` goes to: the only one serving the route."""
+def default_model(path: str, kinds: dict[str, str]) -> str:
+    """The model a TEI or tokenizer request without `model` goes to: the only one serving the route."""
     serving = [name for name, kind in kinds.items() if path in ENDPOINTS[kind]]
     if path == "/rerank" and any(kinds[n] == "rerank" for n in serving):
         serving = [n for n in serving if kinds[n] == "rerank"]  # a cross-encoder before a bi-encoder
@@ -43,15 +48,15 @@ def tei_default_model(path: str, kinds: dict[str, str]) -> str:
     raise bad_request(f"several models serve {path} ({', '.join(serving)}): name one in 'model'", "model")
 
 
-def with_tei_model(body: bytes, path: str, kinds: dict[str, str]) -> bytes:
-    """A TEI body without `model` gets the fleet's one model serving the route (else left to be refused)."""
+def with_default_model(body: bytes, path: str, kinds: dict[str, str]) -> bytes:
+    """A TEI or tokenizer body without `model` gets the fleet's one model serving the route (else refused)."""
     try:
         req = json.loads(body)
     except (ValueError, RecursionError):
         return body  # not JSON: the body check refuses it
     if not isinstance(req, dict) or "model" in req:
         return body
-    return json.dumps({**req, "model": tei_default_model(path, kinds)}).encode()
+    return json.dumps({**req, "model": default_model(path, kinds)}).encode()
 
 
 def tei_error_body(e: GatewayError) -> bytes:

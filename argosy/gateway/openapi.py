@@ -96,6 +96,13 @@ def document(models: list[str] | None = None, max_model_len: int = 1 << 20) -> d
         "model": model_field(models), "query": {"type": "string"},
         "texts": {"type": "array", "items": {"type": "string"}, "minItems": 1},
         "return_text": {"type": "boolean"}, "raw_scores": {"type": "boolean"}}}
+    tokenize = {"type": "object", "properties": {
+        "model": model_field(models), "prompt": {"type": "string"},
+        "messages": {"type": "array", "items": {"type": "object"}, "minItems": 1},
+        "add_special_tokens": {"type": "boolean"}, "add_generation_prompt": {"type": "boolean"},
+        "return_token_strs": {"type": "boolean"}}}
+    detokenize = {"type": "object", "required": ["tokens"], "properties": {
+        "model": model_field(models), "tokens": {"type": "array", "items": {"type": "integer", "minimum": 0}}}}
     name = [{"name": "name", "in": "path", "required": True, "schema": {"type": "string"}}]
     model = [{"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}]
     return {
@@ -117,6 +124,10 @@ def document(models: list[str] | None = None, max_model_len: int = 1 << 20) -> d
             "/v1/rerank": proxied("rerank (Cohere's and Jina's shape), routed", rerank, ENCODER_ERRORS),
             "/rerank": proxied("TEI's rerank, routed (without `model`: the fleet's one reranking model)",
                                tei_rerank, ENCODER_ERRORS),
+            "/tokenize": proxied("vLLM's tokenize (a prompt or chat messages to token ids), on a replica of the model "
+                                 "(without `model`: the fleet's one generating model)", tokenize, ENCODER_ERRORS),
+            "/detokenize": proxied("vLLM's detokenize (token ids to text), on a replica of the model", detokenize,
+                                   ENCODER_ERRORS),
             "/v1/models": {"get": {"summary": "the fleet's models", "responses": {
                 "200": ok("the model list"), "401": error("no or a wrong API key"),
                 "429": error("too many failed authentications (Retry-After)")}}},

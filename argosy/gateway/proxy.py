@@ -101,6 +101,7 @@ class Call:
     refused: tuple[str, bool] | None = None  # the last upstream's refusal: (what, whether busy), for the final 503
     ttft: float | None = None  # streamed: seconds to the first chunk
     gaps: list[float] | None = None  # streamed, when the model records samples: seconds between chunks
+    recorded: bool = False  # a sample for the model's rollout analysis (generations only, not /tokenize)
 
 
 def stream_error(message: str, code: str) -> bytes:

@@ -10,14 +10,14 @@ from typing import TYPE_CHECKING
 
 from argosy.gateway import admin, dashboard, endpoints, rollout_api
 from argosy.gateway.asgi import Receive, Scope, Send
-from argosy.gateway.components import ENCODER_PATHS
+from argosy.gateway.components import ENCODER_PATHS, TOKENIZER_PATHS
 from argosy.gateway.errors import method_not_allowed, not_found
 from argosy.gateway.regions import endpoints as region_endpoints
 
 if TYPE_CHECKING:
     from argosy.gateway.app import Gateway
 
-PROXIED = ("/v1/chat/completions", "/v1/completions", *sorted(ENCODER_PATHS))
+PROXIED = ("/v1/chat/completions", "/v1/completions", *sorted(ENCODER_PATHS), *sorted(TOKENIZER_PATHS))
 Handler = Callable[["Gateway", Scope, Receive, Send], Awaitable[None]]
 
 

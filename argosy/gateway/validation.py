@@ -66,8 +66,15 @@ def check_body(path: str, req: Any) -> None:
             raise invalid("stream_options", "an object", options)
         if options.get("include_usage") is not None and not isinstance(options["include_usage"], bool):
             raise invalid("stream_options", "an object whose include_usage is a boolean", options["include_usage"])
-    if path == "/v1/chat/completions":
+    if path == "/v1/chat/completions" or path == "/tokenize" and "messages" in req:
         _check_messages(req)
+    elif path == "/tokenize":
+        if not isinstance(req.get("prompt"), str):
+            raise invalid("prompt", "a string (or give 'messages')", req.get("prompt"))
+    elif path == "/detokenize":
+        tokens = req.get("tokens")
+        if not (tokens == [] or _token_ids(tokens)):
+            raise invalid("tokens", "an array of token ids (integers >= 0)", tokens)
     elif path in ("/v1/rerank", "/rerank"):
         _check_rerank(req, "documents" if path == "/v1/rerank" else "texts")
     elif path == "/embed":
