@@ -174,3 +174,23 @@ def test_two_gateways_share_prefix_index_and_in_flight_through_redis():
             u.stop()
         rp.terminate()
         rp.wait(10)
+
+
+def test_tokens_per_minute_reserve_every_completion_a_request_asks_for(slow_up):
+    """n completions for each of several prompts are n x prompts x max_tokens tokens: the reservation counted one
+    completion, so a key could ask for 128 x 1,000 of them against a tokens-per-minute limit meant for one."""
+    key, key_hash = new_key(pepper_for_tests())
+    gw = start_gateway({"keys": [{"name": "t", "hash": key_hash, "tpm": 200}],
+                        "models": [{"name": "m", "upstreams": [slow_up.url]}]})
+    try:
+        with cf.ThreadPoolExecutor(2) as ex:
+            big = ex.submit(post, gw.url, key=key, max_tokens=40, n=2, prompt=["hello", "there"])  # 160 reserved
+            time.sleep(0.3)  # in flight (the upstream answers after 0.6 s)
+            second = post(gw.url, key=key, max_tokens=50)
+            assert second.status_code == 429 and second.json()["error"]["code"] == "rate_limit_exceeded"
+            assert big.result().status_code == 200
+        bad = post(gw.url, key=key, n=0)
+        assert (bad.status_code, bad.json()["error"]["param"]) == (400, "n")
+        assert post(gw.url, key=key, n="2").json()["error"]["param"] == "n"
+    finally:
+        gw.stop()

@@ -221,3 +221,16 @@ def test_more_prompts_than_the_queue_admits_is_a_400_not_a_503(tiny_llama):
         r = http.post("/completions", json={"model": MODEL_NAME, "prompt": ["a", "b"], "max_tokens": 1})
         assert r.status_code == 200 and len(r.json()["choices"]) == 2
         assert metric(server.metrics(), "vllm:num_requests_waiting") == 0
+        # Each of a prompt's n completions is a sequence the engine queues: 2 prompts with n=128 were 256 waiting
+        # sequences behind a --max-queue of 2, and every other client got 503 until they were done.
+        r = http.post("/completions", json={"model": MODEL_NAME, "prompt": ["a", "b"], "n": 2, "max_tokens": 1})
+        err = r.json()["error"]
+        assert (r.status_code, err["param"], err["code"]) == (400, "n", "too_many_prompts"), r.text
+        assert "4 sequences (2 prompts, n=2 each)" in err["message"]
+        r = http.post("/chat/completions", json={"model": MODEL_NAME, "messages": [{"role": "user", "content": "a"}],
+                                                 "n": 3, "max_tokens": 1})
+        assert r.status_code == 400 and "3 sequences (n=3)" in r.json()["error"]["message"], r.text
+        r = http.post("/chat/completions", json={"model": MODEL_NAME, "messages": [{"role": "user", "content": "a"}],
+                                                 "n": 2, "max_tokens": 1})
+        assert r.status_code == 200 and len(r.json()["choices"]) == 2
+        assert metric(server.metrics(), "vllm:num_requests_waiting") == 0

@@ -35,7 +35,7 @@ class ProxiedRequest:
         check_body(path, req)
         text, ptoks, texts = prompt_of(path, req)
         max_toks = req.get("max_tokens") or req.get("max_completion_tokens") or default_max_tokens
-        est = ptoks + (int(max_toks) if path not in ENCODER_PATHS | TOKENIZER_PATHS else 0)
+        est = ptoks + (int(max_toks) * completions(path, req) if path not in ENCODER_PATHS | TOKENIZER_PATHS else 0)
         stream = bool(req.get("stream")) and path not in TOKENIZER_PATHS  # they answer JSON whatever is asked
         return cls(path, body, req, req["model"], stream, req.get("user") or None, text, ptoks,
                    texts, est)
@@ -44,6 +44,13 @@ class ProxiedRequest:
         """Guardrails redacted the prompt: the body sent upstream carries the new texts."""
         set_texts(self.path, self.fields, texts)
         self.body = json.dumps(self.fields).encode()
+
+
+def completions(path: str, req: dict) -> int:
+    """How many completions a generation asks for: n for each prompt (what tokens per minute reserve)."""
+    prompt = req.get("prompt") if path == "/v1/completions" else None
+    prompts = len(prompt) if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int) else 1
+    return int(req.get("n") or 1) * prompts
 
 
 def prompt_of(path: str, req: dict) -> tuple[str, int, list[str]]:

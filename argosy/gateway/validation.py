@@ -60,6 +60,10 @@ def check_body(path: str, req: Any) -> None:
         least = 0 if path == "/v1/completions" and req.get("echo") is True else 1  # 0: the echoed prompt alone
         if not least <= value <= MAX_TOKENS:
             raise bad_request(f"'{name}' must be between {least} and {MAX_TOKENS}, got {value}", name, "invalid_value")
+    n = req.get("n")
+    if n is not None and not (_is_int(n) and n >= 1):
+        raise invalid("n", "an integer of at least 1", n) if not _is_int(n) else bad_request(
+            f"'n' must be at least 1, got {n}", "n", "invalid_value")
     options = req.get("stream_options")
     if options is not None:
         if not isinstance(options, dict):

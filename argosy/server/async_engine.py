@@ -80,8 +80,9 @@ class AsyncEngine:
         return self.failed is None and (self._thread.is_alive() or not self.ready)
 
     def num_waiting(self) -> int:
-        """Requests not started yet, for admission: ours (queued to the engine thread, or waiting
-        for their first token) or the engine's own count (preempted ones), whichever is larger."""
+        """Sequences not started yet (a request's n completions are n), for admission: ours (queued to the
+        engine thread, or waiting for their first token) or the engine's own count (preempted ones), whichever
+        is larger."""
         return max(self._num_unstarted, self.stats.get("num_waiting", 0) + self._pending_adds)
 
     def engine_stats(self) -> dict[str, Any]:
@@ -96,8 +97,8 @@ class AsyncEngine:
         group = RequestGroup(requests, arrival, self._loop.create_future())
         for r in requests:
             self._groups[r.request_id] = group
-        self._num_unstarted += len(requests)
-        self._pending_adds += len(requests)
+        self._num_unstarted += group.sequences
+        self._pending_adds += group.sequences
         self._send((_ADD, group))
         try:
             await group.accepted
@@ -121,7 +122,7 @@ class AsyncEngine:
         ids = list(group.unfinished)
         for rid in ids:
             self._groups.pop(rid, None)
-        self._num_unstarted -= len(group.unstarted)
+        self._num_unstarted -= sum(group.n[rid] for rid in group.unstarted)
         group.unstarted.clear()
         group.unfinished.clear()
         return ids
@@ -136,7 +137,7 @@ class AsyncEngine:
 
     def _on_added(self, results: list[tuple[RequestGroup, BaseException | None]]) -> None:
         for group, error in results:
-            self._pending_adds -= len(group.requests)
+            self._pending_adds -= group.sequences
             if error is not None:
                 self._forget(group)
             if not group.accepted.done():
@@ -154,7 +155,7 @@ class AsyncEngine:
                 continue
             if rid in group.unstarted:
                 group.unstarted.discard(rid)
-                self._num_unstarted -= 1
+                self._num_unstarted -= group.n[rid]
             if observer is not None:
                 observer.on_output(out, group.arrival, now)
             group._push(out)

@@ -39,7 +39,8 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"0 picks a free port, printed at start (default {DEFAULT_PORT})")
     add_engine_flags(parser.add_argument_group("engine settings (the fields of EngineConfig)"))
     parser.add_argument("--max-queue", type=int, default=DEFAULT_MAX_QUEUE,
-                        help="waiting requests past which the server answers 503 with Retry-After")
+                        help="waiting sequences (each prompt's n completions are n) past which the server answers "
+                             "503 with Retry-After; a request of more than this is a 400")
     parser.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES,
                         help="largest request body accepted (413 above)")
     parser.add_argument("--max-client-batch-size", type=int, default=None,

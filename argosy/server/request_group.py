@@ -36,6 +36,8 @@ class RequestGroup:
         self.accepted = accepted  # resolved once the engine thread queued every request (or one failed)
         self.unfinished: set[str] = {r.request_id for r in requests}
         self.unstarted: set[str] = set(self.unfinished)  # no output yet: counts as waiting for admission
+        self.n = {r.request_id: r.params.n for r in requests}  # sequences per request: what admission counts
+        self.sequences = sum(self.n.values())
         self.final: dict[str, RequestOutput] = {}
         self._fresh: dict[str, RequestOutput] = {}
         self._waiter: asyncio.Future[None] | None = None  # a bare future: cheaper than an Event per token

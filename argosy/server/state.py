@@ -105,18 +105,24 @@ class ServerState:
         if not job.cancelled():
             job.exception()  # retrieved here: nobody may await a job whose client left
 
-    def admit(self, n: int) -> None:
+    def admit(self, n: int, prompts: int | None = None) -> None:
+        """Room for n sequences (each prompt's n completions are n sequences in the engine, as vLLM counts
+        them): 1,000 prompts with n=128 were 128,000 waiting sequences, and every other client got 503 until
+        they were served or cleaned up."""
         if n > self.max_queue:  # never admitted, however idle the server: a 400, not a 503 to retry (a gateway
             # counts a replica's 503 as a failure: a few such requests ejected every replica of the model)
-            raise APIError.bad_request(f"the request holds {n} prompts, more than this server admits at once "
-                                       f"({self.max_queue}, --max-queue)", "prompt", "too_many_prompts")
+            what = (f"{n} prompts" if prompts in (None, n) else f"{n} sequences (n={n // prompts})" if prompts == 1
+                    else f"{n} sequences ({prompts} prompts, n={n // prompts} each)")
+            raise APIError.bad_request(f"the request holds {what}, more than this server admits at once "
+                                       f"({self.max_queue}, --max-queue)", "prompt" if prompts in (None, n) else "n",
+                                       "too_many_prompts")
         if self.engine.num_waiting() + self.tokenizing + n > self.max_queue:
             raise APIError.overloaded(f"The server is overloaded ({self.max_queue} requests waiting); retry later.")
 
     async def submit(self, requests: list[EngineRequest], arrival: float) -> RequestGroup:
         """Admission (503 past --max-queue waiting requests), then the engine's own validation (400)."""
         self.check_ready()
-        self.admit(len(requests))
+        self.admit(sum(r.params.n for r in requests), len(requests))
         # The engine would tokenize a text prompt on its own thread, between steps: a long one goes here.
         requests = [dataclasses.replace(r, prompt=await self.encode_long(r.prompt))
                     if isinstance(r.prompt, str) and len(r.prompt) >= LONG_PROMPT_CHARS else r for r in requests]
