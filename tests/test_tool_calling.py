@@ -11,7 +11,7 @@ import openai
 import pytest
 
 from argosy.server.tool_formats import FORMATS, format_for_template
-from argosy.server.tools import ToolCallStream, ToolRequest
+from argosy.server.tools import ToolCallStream, ToolRequest, response_message
 from tests.server_fixtures import MODEL_NAME
 from tests.structured_fixtures import TOOL_TEMPLATE
 
@@ -200,3 +200,57 @@ def test_tool_calls_through_the_gateway_unchanged(server):
             assert (card.id, card.max_model_len, card.revision, card.kind) == (MODEL_NAME, 1024, "v1", "generate")
     finally:
         gateway.stop()
+
+
+def _streamed(tools, text):
+    """What a client assembles from the stream of `text`, cut where it ends (max_tokens)."""
+    stream, content, calls = ToolCallStream(tools), "", {}
+    for end in range(1, len(text) + 1):
+        for delta in stream.deltas(text[:end], end == len(text)):
+            content += delta.get("content", "")
+            for call in delta.get("tool_calls", []):
+                if "id" in call:
+                    calls[call["index"]] = [call["function"]["name"], ""]
+                calls[call["index"]][1] += call["function"]["arguments"]
+    return content.strip() or None, [tuple(c) for _, c in sorted(calls.items())]
+
+
+@pytest.mark.parametrize("choice, function", [("function", "get_weather"), ("required", None), ("auto", None)])
+def test_a_call_cut_by_max_tokens_is_a_call_streamed_or_not_never_markup(choice, function):
+    """A forced call that max_tokens cut came back as its raw markup in content (`<tool_call>\n{"name": "get`),
+    and streamed as nothing at all. Now, cut anywhere, both give the same: the call in tool_calls with its
+    arguments as far as they got; a forced call's name is known from the request, or from the tools, once its
+    first characters single one out."""
+    whole = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "C", "days": 2}}\n</tool_call>'
+    tools = ToolRequest(TOOLS, choice, function, False, FORMATS["hermes"])
+    name_at = whole.index("get_weather")
+    for end in range(1, len(whole) + 1):
+        text = whole[:end]
+        message, finish = response_message(tools, text, "length")
+        if choice != "auto":  # the grammar wrote a call and nothing else: no piece of its markup is content
+            assert message["content"] is None, (end, message)
+        calls = [(c["function"]["name"], c["function"]["arguments"]) for c in message.get("tool_calls", [])]
+        assert (message["content"], calls) == _streamed(tools, text), text
+        known = choice == "function" and end > len("<tool_call>\n{") or choice == "required" and end > name_at + 4
+        if known or end >= name_at + len("get_weather\""):
+            assert [name for name, _ in calls] == ["get_weather"], text
+            assert calls[0][1] in whole
+        assert finish == "length"
+    message, finish = response_message(tools, whole, "stop")
+    assert json.loads(message["tool_calls"][0]["function"]["arguments"])["days"] == 2
+    assert finish == ("stop" if choice == "function" else "tool_calls")
+
+
+def test_forced_calls_cut_short_through_the_server_agree_streamed_and_not(client):
+    for max_tokens in (2, 6, 12, 20):
+        body = dict(model=MODEL_NAME, messages=MESSAGES, tools=TOOLS, temperature=0, max_tokens=max_tokens,
+                    tool_choice={"type": "function", "function": {"name": "get_weather"}})
+        done = client.chat.completions.create(**body).choices[0]
+        assert done.finish_reason == "length" and "<tool_call>" not in (done.message.content or "")
+        assert [c.function.name for c in done.message.tool_calls] == ["get_weather"]
+        streamed = {"name": None, "arguments": ""}
+        for chunk in client.chat.completions.create(**body, stream=True):
+            for delta in chunk.choices[0].delta.tool_calls or [] if chunk.choices else []:
+                streamed["name"] = delta.function.name or streamed["name"]
+                streamed["arguments"] += delta.function.arguments or ""
+        assert streamed == {"name": "get_weather", "arguments": done.message.tool_calls[0].function.arguments}

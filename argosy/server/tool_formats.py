@@ -21,6 +21,7 @@ from typing import Any
 
 _NAME = re.compile(r'"name"\s*:\s*"((?:[^"\\]|\\.)*)"')
 _ARGS = re.compile(r'"(?:arguments|parameters)"\s*:\s*')
+_PARTIAL_NAME = re.compile(r'"name"\s*:\s*"([a-zA-Z0-9_.-]*)$')
 _DECODER = json.JSONDecoder()
 
 
@@ -36,11 +37,7 @@ class Scan:
     content: str  # the text before the calls (all of it when there are none)
     calls: list[ScannedCall]
     held: int  # trailing characters of content that may start a call marker: not streamed yet
-
-    @property
-    def parsed(self) -> bool:
-        """The output holds calls, each with complete arguments."""
-        return bool(self.calls) and all(c.complete for c in self.calls)
+    opened: bool = False  # the calls' marker (or llama3's opening JSON) is in the text
 
 
 @dataclass(frozen=True)
@@ -73,7 +70,13 @@ class ToolFormat:
                 break
             calls.append(ScannedCall(name, text[a.end():end], True))
             pos = end
-        return Scan(text[:start], calls, 0)
+        return Scan(text[:start], calls, 0, opened=True)
+
+    def partial_name(self, text: str) -> str | None:
+        """The start of a call's name where the text ends inside it (`{"name": "get_we`)."""
+        start = self._calls_start(text)
+        m = _PARTIAL_NAME.search(text, start) if start is not None else None
+        return m.group(1) if m is not None else None
 
     def _calls_start(self, text: str) -> int | None:
         if self.marker is not None:

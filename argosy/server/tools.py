@@ -16,7 +16,7 @@ from typing import Any
 from argosy.engine.structured import StructuredOutputsParams
 from argosy.server.errors import APIError
 from argosy.server.protocol import Fields
-from argosy.server.tool_formats import Scan, ToolFormat, format_for_template
+from argosy.server.tool_formats import Scan, ScannedCall, ToolFormat, format_for_template
 
 _FUNCTION_NAME = re.compile(r"^[a-zA-Z0-9_.-]{1,64}$")
 
@@ -161,13 +161,30 @@ def parse_tool_call_message(i: int, message: dict[str, Any]) -> list[dict[str, A
     return checked
 
 
+def scan_calls(tools: ToolRequest, text: str, finished: bool) -> Scan:
+    """The calls in a choice's text. A forced call (required, or a named function) that max_tokens cut inside
+    its name is still that call, with no arguments yet, once the choice is finished: its markup is never
+    content (OpenAI and vLLM answer a forced call in tool_calls, its arguments cut where the output was)."""
+    scan = tools.format.scan(text)
+    if finished and not scan.calls and tools.choice in ("required", "function"):  # the grammar wrote only a call
+        name = tools.function
+        if name is None and (prefix := tools.format.partial_name(text)) is not None:
+            names = [t["function"]["name"] for t in tools.tools if t["function"]["name"].startswith(prefix)]
+            name = names[0] if len(names) == 1 else None
+        return Scan("", [ScannedCall(name, "", False)] if name is not None else [], 0, opened=True)
+    return scan
+
+
 def response_message(tools: ToolRequest | None, text: str, finish_reason: str | None) -> tuple[dict, str | None]:
-    """The assistant message for a finished choice, and its finish_reason (tool_calls when it called)."""
+    """The assistant message for a finished choice, and its finish_reason (tool_calls when it called). A call
+    cut by max_tokens comes back as streamed: in tool_calls, its arguments as far as they got (finish_reason
+    length), and the calls' markup is never content."""
     if tools is None or not tools.parses:
         return {"role": "assistant", "content": text}, finish_reason
-    scan = tools.format.scan(text)
-    if not scan.parsed:
-        return {"role": "assistant", "content": text}, finish_reason
+    scan = scan_calls(tools, text, True)
+    if not scan.calls:
+        return {"role": "assistant", "content": scan.content if not scan.opened else scan.content.strip() or None}, \
+            finish_reason
     calls = [{"id": new_call_id(), "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
              for c in scan.calls]
     content = scan.content.strip() or None
@@ -187,7 +204,7 @@ class ToolCallStream:
     args_sent: list[int] = field(default_factory=list)
 
     def deltas(self, text: str, finished: bool) -> list[dict[str, Any]]:
-        scan: Scan = self.tools.format.scan(text)
+        scan = scan_calls(self.tools, text, finished)
         out: list[dict[str, Any]] = []
         end = len(scan.content) - (0 if finished or scan.calls else scan.held)
         if not self.ids and end > self.content_sent:
