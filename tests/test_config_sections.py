@@ -50,3 +50,21 @@ def test_a_price_given_as_yes_is_refused(tmp_path):
     path.write_text(book.replace(price, "usd_per_gpu_hour: yes", 1))
     with pytest.raises(PriceError, match=r"gpu_prices\.0\.usd_per_gpu_hour.*where a number belongs"):
         load_prices(path)
+
+
+@pytest.mark.parametrize("model_yaml, where", [
+    ("name: no\n    checkpoint: /ckpt", "models.0.name"),
+    ("name: m\n    checkpoint: /ckpt\n    revision: on", "models.0.revision"),
+    ("name: m\n    checkpoint: /ckpt\n    routing: {policy: off}", "models.0.routing.policy"),
+])
+def test_a_yes_or_no_where_text_belongs_says_to_quote_it(tmp_path, model_yaml, where):
+    """`name: no` is a yes/no to YAML: pydantic said only "Input should be a valid string"."""
+    path = tmp_path / "fleet.yaml"
+    path.write_text(f"models:\n  - {model_yaml}\n")
+    with pytest.raises(FleetConfigError) as e:
+        load_fleet(path)
+    assert f"{where}: " in str(e.value) and "quote it" in str(e.value), str(e.value)
+    quoted = model_yaml.replace(": no", ': "no"').replace(": on", ': "on"')
+    path.write_text(f"models:\n  - {quoted}\n")
+    if "policy" not in where:
+        load_fleet(path)  # quoted, it reads

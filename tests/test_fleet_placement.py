@@ -269,3 +269,20 @@ def test_pipeline_stages_each_take_a_node_of_their_own_and_release_together():
 def test_pipeline_across_nodes_needs_kubernetes_and_stages(model, why):
     with pytest.raises(ValueError, match=why):
         parse_fleet({"models": [{"name": "m", "checkpoint": "/x", "pipeline_across_nodes": True, **model}]})
+
+
+def test_config_check_says_a_checkpoint_with_traffic_is_not_run(tmp_path):
+    """The fleet example's shape (a checkpoint and a traffic split) is a model Argosy only routes to: `config check`
+    said ok and `argosy serve` started nothing, silently, and every request was a 503."""
+    split = [{"revision": "v1", "weight": 90}, {"revision": "v2", "weight": 10}]
+    small = {"device": "cpu", "kv_cache_memory_gib": 0.1}
+    rc, out, err = _check(tmp_path, {"models": [{"name": "chat", "revision": "v1", "traffic": split},
+                                                {"name": "run", "engine": small}]})
+    assert rc == 0 and "ok (2 models, 1 managed" in out, err
+    assert "models.chat: has a checkpoint, but `traffic` makes it a model Argosy only routes to" in out
+    assert "revisions (v1, v2) have no upstream" in out and "models.run" not in out
+
+
+def test_config_check_of_a_file_with_no_models_says_what_serve_runs(tmp_path):
+    rc, out, err = _check(tmp_path, {"gateway": {"port": 8001}})
+    assert rc == 0 and "ok (0 models" in out and "serves the default model (" in out, (out, err)

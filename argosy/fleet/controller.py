@@ -52,6 +52,17 @@ def managed(fleet: FleetConfig) -> list[ModelConfig]:
     return [m for m in fleet.models if (m.checkpoint or m.revisions) and m.upstreams is None and not m.traffic]
 
 
+def routed_only(fleet: FleetConfig) -> list[str]:
+    """One line for each model the file gives a checkpoint that Argosy will not run, because `traffic` makes it a
+    routed model (the fleet example's shape): `argosy serve` started no replica of it and said nothing, and
+    every request was a 503 "no live upstream"."""
+    return [f"models.{m.name}: has a checkpoint, but `traffic` makes it a model Argosy only routes to: no replica "
+            f"of it is started, and its revisions ({', '.join(t.revision for t in m.traffic)}) have no upstream "
+            "until one is added (/admin/upstreams). For Argosy to run it, list its `revisions:` instead of "
+            "`traffic` and move traffic between them with a rollout (docs/rollouts.md)"
+            for m in fleet.models if m.checkpoint and m.traffic and m.upstreams is None and m.discover is None]
+
+
 def model_resources(m: ModelConfig) -> dict[str, float]:
     """`models[].resources`: custom resources (Ray's) each replica of the model asks for."""
     return dict(m.resources)

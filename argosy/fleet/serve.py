@@ -172,7 +172,7 @@ class ServeApp:
 def run_serve(args: argparse.Namespace) -> int:
     pause_collection()  # until the gateway and the controller have started (argosy/startup_heap.py)
 
-    from argosy.fleet.controller import managed
+    from argosy.fleet.controller import managed, routed_only
     from argosy.gateway import local_admin
     from argosy.gateway.cli import bind, serve_on
 
@@ -223,7 +223,9 @@ def run_serve(args: argparse.Namespace) -> int:
         print(f"argosy serve: {e}", file=sys.stderr)
         return 2
     models = ", ".join(f"{m.name} ({m.autoscaling.min_replicas}..{m.autoscaling.max_replicas} replicas)"
-                       for m in managed(fleet))
+                       for m in managed(fleet)) or "none that Argosy runs"
+    for line in routed_only(fleet):
+        print(f"argosy serve: warning: {line}", file=sys.stderr)
     where = f" (region {fleet.gateway.region})" if fleet.gateway.region else ""
     print(f"argosy serve: gateway listening on {url}; models: {models}{where}", flush=True)
     try:

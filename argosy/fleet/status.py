@@ -101,7 +101,7 @@ def add_config_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run_config(args: argparse.Namespace) -> int:
-    from argosy.fleet.controller import PROVIDERS, known_nodes, managed, model_need
+    from argosy.fleet.controller import PROVIDERS, known_nodes, managed, model_need, routed_only
     from argosy.fleet.placement import Placer, Unplaceable
     from argosy.fleet.serve import config_problem
     from argosy.gateway.keys import KeyStore
@@ -112,7 +112,12 @@ def run_config(args: argparse.Namespace) -> int:
     except FleetConfigError as e:
         print(f"argosy config check: {e}", file=sys.stderr)
         return 2
-    problems, notes = [], []
+    problems, notes = [], routed_only(fleet)
+    if not fleet.models:  # what `argosy serve --config` does with it (fleet_from_args)
+        from argosy.engine.model_names import default_model
+
+        notes.append(f"no models listed: `argosy serve --config {args.file}` serves the default model "
+                     f"({default_model()[1]}) on one replica; `argosy gateway` routes nothing")
     try:  # what `argosy serve` and `argosy gateway` refuse to start with
         KeyStore.from_fleet(fleet)
     except (PepperError, ValueError) as e:
