@@ -164,3 +164,26 @@ def test_on_loopback_with_no_keys_web_pages_cannot_spend_the_model(upstream):
                           timeout=10).status_code == 200
     finally:
         s.stop()
+
+
+@pytest.mark.parametrize("with_keys", [False, True])
+def test_on_loopback_a_rebound_web_page_cannot_read_the_operator_routes(upstream, with_keys):
+    """/dashboard/data (key names, their spend, replica URLs) and /metrics/targets are open to this machine on
+    loopback. A page that rebinds its name to 127.0.0.1 is same-origin to them: its GET carries no Origin, only
+    the page's name in Host. It read them; now 403, while this machine's own clients (the dashboard, Prometheus)
+    still read them."""
+    cfg = {"gateway": {"host": "127.0.0.1"}, "models": [{"name": "m", "upstreams": [upstream.url]}]}
+    if with_keys:
+        from tests.gateway_fixtures import pepper_for_tests
+
+        cfg["keys"] = [{"name": "team", "hash": new_key(pepper_for_tests())[1]}]
+    s = ThreadServer(Gateway(parse_fleet(cfg, "test")))
+    port = s.url.rsplit(":", 1)[1]
+    try:
+        for path in ("/dashboard/data", "/metrics/targets"):
+            r = httpx.get(s.url + path, headers={"host": f"rebound.example:{port}"}, timeout=10)
+            assert (r.status_code, r.json()["error"]["code"]) == (403, "cross_origin"), (path, r.text)
+            for host in (f"127.0.0.1:{port}", f"localhost:{port}"):
+                assert httpx.get(s.url + path, headers={"host": host}, timeout=10).status_code == 200, (path, host)
+    finally:
+        s.stop()

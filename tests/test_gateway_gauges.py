@@ -202,3 +202,24 @@ def test_a_stream_whose_client_leaves_before_its_first_token_frees_its_slot_at_o
         if gw:
             gw.stop()
         slow.kill()  # it still sleeps towards the first token nobody reads
+
+
+def test_a_stream_its_client_leaves_midway_is_counted_499_not_200():
+    """argosy_gateway_requests_total counted a stream whose client left after its first tokens as a 200 served
+    (a non-streamed request left the same way was a 499)."""
+    slow = start_upstream("trickle", token_delay=0.5, tokens=40)
+    gw = None
+    try:
+        gw = start_gateway({"models": [{"name": "m", "upstreams": [slow.url]}]})
+        with httpx.stream("POST", gw.url + "/v1/completions", timeout=30,
+                          json={"model": "m", "prompt": "hi", "max_tokens": 40, "stream": True}) as r:
+            next(r.iter_bytes())  # the first chunk, then the client hangs up
+        counted = lambda status: sum(v for k, v in gauges(gw).items()  # noqa: E731
+                                     if k.startswith("argosy_gateway_requests_total{") and f'status="{status}"' in k)
+        wait_for("the stream counted", lambda: counted(499) == 1, 10)
+        assert counted(200) == 0
+        wait_for("the slot freed", lambda: metric(gauges(gw), "argosy_gateway_in_flight", model="m") == 0, 3)
+    finally:
+        if gw:
+            gw.stop()
+        slow.kill()

@@ -241,6 +241,10 @@ def test_logit_bias_forces_a_token_and_bad_biases_are_named(server, client):
         with pytest.raises(openai.BadRequestError) as e:
             client.completions.create(model=MODEL_NAME, prompt="Hi", max_tokens=2, logit_bias=bias)
         assert says in e.value.message and e.value.body["param"] == "logit_bias"
+    with pytest.raises(openai.BadRequestError) as e:  # a stop id no output can hold: said, as a bad bias is
+        client.chat.completions.create(model=MODEL_NAME, messages=[{"role": "user", "content": "Hi"}], max_tokens=2,
+                                       extra_body={"stop_token_ids": [3, 99_999_999]})
+    assert "outside this model's vocabulary" in e.value.message and e.value.body["param"] == "stop_token_ids"
     assert client.completions.create(model=MODEL_NAME, prompt="Hi", max_tokens=2).usage.completion_tokens >= 1
 
 

@@ -75,6 +75,10 @@ class LLMEngine:
         if highest >= self.vocab_size:
             raise InvalidRequestError(f"logit_bias names token id {highest}, outside this model's vocabulary "
                                       f"(ids 0 to {self.vocab_size - 1})", "logit_bias")
+        highest = max(params.stop_token_ids or (), default=-1)
+        if highest >= self.vocab_size:  # it could never stop the output: a typo the caller should hear of
+            raise InvalidRequestError(f"stop_token_ids names token id {highest}, outside this model's vocabulary "
+                                      f"(ids 0 to {self.vocab_size - 1})", "stop_token_ids")
         if params.logprobs is not None and params.logprobs > self.config.max_logprobs:
             raise InvalidRequestError(f"logprobs must be at most {self.config.max_logprobs}", "logprobs")
         if params.prompt_logprobs is not None and params.prompt_logprobs > self.config.max_logprobs:

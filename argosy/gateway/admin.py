@@ -111,9 +111,14 @@ async def require_admin(gw: Gateway, scope: Scope) -> None:
 
 
 async def require_admin_beyond_loopback(gw: Gateway, scope: Scope) -> None:
-    """For what publishes replica URLs (/metrics/targets, /dashboard/data): open on loopback, else admin."""
+    """For what publishes replica URLs and key names (/metrics/targets, /dashboard/data): open to this machine's
+    own clients on loopback, else admin. Not to a web page that rebound its name to 127.0.0.1: its fetch() is
+    same-origin then, a GET without Origin, but its Host is the page's name."""
     if not gw.loopback_only:
         await require_admin(gw, scope)
+    else:
+        refuse_web_pages(scope, "on loopback this route answers only this machine's own clients, not web pages",
+                         "cross_origin")
 
 
 async def admin_body(gw: Gateway, scope: Scope, receive: Receive) -> dict[str, Any]:

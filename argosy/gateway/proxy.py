@@ -294,6 +294,7 @@ class Proxy:
         try:
             while True:
                 if disconnected is not None and disconnected.done():
+                    call.status = 499  # counted as the client's leaving, not as a 200 served
                     return  # the user went away: releasing resp aborts the upstream request
                 events += chunk.count(b"data: ")
                 if not saw_done and DONE[:12] in chunk:
