@@ -64,6 +64,9 @@ def test_replica_document_is_complete_and_truthful(tiny_llama):
     with ServerProcess(tiny_llama, "--max-model-len", "128", env={"ARGOSY_API_KEY": key}) as server:
         auth = {"authorization": f"Bearer {key}"}
         assert httpx.get(server.url + "/openapi.json", timeout=10).status_code == 401
+        from argosy import __version__  # vLLM's /version: open, as /health
+
+        assert httpx.get(server.url + "/version", timeout=10).json() == {"version": __version__}
         doc = httpx.get(server.url + "/openapi.json", headers=auth, timeout=10).json()
         completion = doc["paths"]["/v1/completions"]["post"]["requestBody"]["content"]["application/json"]
         assert completion["schema"]["properties"]["max_tokens"]["anyOf"][0]["maximum"] == 128  # this replica's
@@ -93,6 +96,9 @@ def test_gateway_document_is_complete_and_truthful():
                         "models": [{"name": "m", "upstreams": [up.url]}]})
     try:
         doc = httpx.get(gw.url + "/openapi.json", timeout=10).json()
+        from argosy import __version__
+
+        assert httpx.get(gw.url + "/version", timeout=10).json() == {"version": __version__}  # no key needed
         seen = call_each(gw.url, doc, "m", lambda path: {
             "authorization": f"Bearer {admin if path.startswith('/admin/') else user}"})
         # the fleet's and rollouts' admin paths are served under `argosy serve` only; `m` is a chat model,

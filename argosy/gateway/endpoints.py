@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from argosy import __version__
 from argosy.gateway.admin import require_admin_beyond_loopback
 from argosy.gateway.asgi import PROMETHEUS_TEXT, Receive, Scope, Send, respond, respond_json
 from argosy.gateway.errors import GatewayError
@@ -16,6 +17,11 @@ if TYPE_CHECKING:
 
 async def health(gw: Gateway, scope: Scope, receive: Receive, send: Send) -> None:
     await respond(send, 200, b'{"status":"ok"}')
+
+
+async def version(gw: Gateway, scope: Scope, receive: Receive, send: Send) -> None:
+    """{"version": ...}: vLLM's /version, open as /health."""
+    await respond_json(send, 200, {"version": __version__})
 
 
 async def list_models(gw: Gateway, scope: Scope, receive: Receive, send: Send) -> None:

@@ -137,6 +137,7 @@ def document(models: list[str] | None = None, max_model_len: int = 1 << 20) -> d
                                                "404": error("no such model"),
                                                "429": error("too many failed authentications (Retry-After)")}}},
             "/health": {**public("the gateway is up"), "head": public("the gateway is up")["get"]},
+            "/version": public("Argosy's version (vLLM's /version)"),
             "/metrics": public("Prometheus metrics (argosy_gateway_*, argosy_fleet_*)", "text/plain"),
             "/metrics/targets": public("Prometheus HTTP service discovery of the replicas"),
             "/dashboard": public("the live dashboard page", "text/html"),

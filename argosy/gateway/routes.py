@@ -30,6 +30,7 @@ ROUTES: dict[tuple[str, str], Handler] = {
     ("GET", "/health"): endpoints.health,
     ("GET", "/openapi.json"): endpoints.openapi,  # every route here is in it (gateway/openapi.py)
     ("HEAD", "/health"): endpoints.health,
+    ("GET", "/version"): endpoints.version,
     ("GET", "/v1/models"): endpoints.list_models,
     ("GET", "/metrics"): endpoints.metrics,
     ("GET", "/metrics/targets"): endpoints.metrics_targets,

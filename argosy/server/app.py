@@ -15,6 +15,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp
 
+from argosy import __version__
 from argosy.observe.engine_requests import EngineRequestContext
 from argosy.server.async_engine import AsyncEngine
 from argosy.server.auth import RequireAPIKey
@@ -57,6 +58,11 @@ async def health(request: Request) -> Response:
     if not state.engine.alive():
         return json_response({"status": "dead"}, status=503)
     return json_response({"status": "ok"})
+
+
+async def version(request: Request) -> Response:
+    """{"version": ...}: vLLM's /version (open, as /health)."""
+    return json_response({"version": __version__})
 
 
 async def ready(request: Request) -> Response:
@@ -122,6 +128,7 @@ def build_app(
         Route("/detokenize", detokenize, methods=["POST"]),
         Route("/health", health, methods=["GET"]),
         Route("/ready", ready, methods=["GET"]),
+        Route("/version", version, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
         Route("/openapi.json", openapi, methods=["GET"]),  # every route here is in it (openapi.py)
     ]

@@ -1,4 +1,4 @@
-"""`argosy engine --api-key` (or ARGOSY_API_KEY): every route but /health, /ready and /metrics needs
+"""`argosy engine --api-key` (or ARGOSY_API_KEY): every route but /health, /ready, /metrics and /version needs
 `Authorization: Bearer <key>`; anything else gets 401 in the OpenAI error format.
 
 As in vLLM, health, readiness and metrics stay open (load balancers and Prometheus call them without
@@ -16,7 +16,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from argosy.server.errors import APIError
 
 API_KEY_ENV = "ARGOSY_API_KEY"
-OPEN_PATHS = frozenset({"/health", "/ready", "/metrics"})
+OPEN_PATHS = frozenset({"/health", "/ready", "/metrics", "/version"})
 
 
 class RequireAPIKey:

@@ -156,6 +156,7 @@ def document(served_model_name: str, max_model_len: int) -> dict[str, Any]:
                                      "responses": {"200": ok("the text"), **GENERATE_ERRORS}}},
             "/health": probe("liveness: the process and its engine thread run", "application/json", "503"),
             "/ready": probe("readiness: the model is loaded and warmed up", "application/json", "503"),
+            "/version": probe("Argosy's version (vLLM's /version)"),
             "/metrics": probe("Prometheus metrics (vllm:* names)", "text/plain"),
             "/openapi.json": {"get": {"summary": "this document", "responses": {
                 "200": ok("the OpenAPI document"), "401": error("no or a wrong API key")}}},
