@@ -6,14 +6,22 @@ use up the file descriptors. Here a request head must be complete within `reques
 of the connection opening (or of its previous response ending), else the connection is closed, as
 nginx's client_header_timeout does (60 s there; 30 s here by default). Its body, once the head is in, may
 not stall that long either (between two reads, as nginx's client_body_timeout): a client that sent a head
-and a Content-Length and then nothing (slow POST) held its socket for ever too.
+and a Content-Length and then nothing (slow POST) held its socket for ever too; it gets a 408, as from nginx.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+
+def _request_timeout(timeout_s: float) -> bytes:
+    body = json.dumps({"error": {"message": f"the request body stalled: nothing came for {timeout_s:g} s",
+                                 "type": "invalid_request_error", "param": None, "code": "request_timeout"}}).encode()
+    return (b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\nconnection: close\r\n"
+            b"content-length: %d\r\n\r\n%s" % (len(body), body))
 
 
 def guarded_protocol(header_timeout_s: float) -> type[HttpToolsProtocol]:
@@ -54,7 +62,10 @@ def guarded_protocol(header_timeout_s: float) -> type[HttpToolsProtocol]:
             if wait > 0:  # bytes came meanwhile
                 self._body_deadline = self.loop.call_later(wait, self._body_too_slow)
             elif not self.transport.is_closing():
-                self.transport.close()
+                cycle = getattr(self, "cycle", None)
+                if cycle is not None and not cycle.response_started:  # nginx's client_body_timeout: a 408
+                    self.transport.write(_request_timeout(header_timeout_s))
+                self.transport.close()  # the app's receive() then sees the disconnect, and answers nothing
 
         def connection_made(self, transport) -> None:
             super().connection_made(transport)
