@@ -11,20 +11,34 @@ from argosy.config import FleetConfigError, load_fleet, parse_fleet
 from argosy.config_section import takes_a_number_not_a_bool
 from argosy.cost.prices import DEFAULT_PRICES, PriceError, load_prices
 
+NUMBER, TEXT = "where a number belongs", "quote it"  # `name: no` had said only "Input should be a valid string"
 
-@pytest.mark.parametrize("model_yaml, where", [
-    ("autoscaling: {max_replicas: yes}", "models.0.autoscaling.max_replicas"),
-    ("autoscaling: {target: on}", "models.0.autoscaling.target"),
-    ("engine: {max_num_seqs: true}", "models.0.engine.max_num_seqs"),
-    ("engine: {kv_cache_memory_gib: yes}", "models.0.engine.kv_cache_memory_gib"),
-    ("routing: {balance_abs: no}", "models.0.routing.balance_abs"),
+
+@pytest.mark.parametrize("model_yaml, where, says", [
+    ("autoscaling: {max_replicas: yes}", "models.0.autoscaling.max_replicas", NUMBER),
+    ("autoscaling: {target: on}", "models.0.autoscaling.target", NUMBER),
+    ("engine: {max_num_seqs: true}", "models.0.engine.max_num_seqs", NUMBER),
+    ("engine: {kv_cache_memory_gib: yes}", "models.0.engine.kv_cache_memory_gib", NUMBER),
+    ("routing: {balance_abs: no}", "models.0.routing.balance_abs", NUMBER),
+    ("revision: on", "models.0.revision", TEXT),
+    ("routing: {policy: off}", "models.0.routing.policy", TEXT),
 ])
-def test_a_yes_or_no_where_a_number_belongs_is_named(tmp_path, model_yaml, where):
+def test_a_yes_or_no_where_a_number_or_text_belongs_is_named(tmp_path, model_yaml, where, says):
     path = tmp_path / "fleet.yaml"
     path.write_text(f"models:\n  - name: m\n    checkpoint: /ckpt\n    {model_yaml}\n")
     with pytest.raises(FleetConfigError) as e:
         load_fleet(path)
-    assert f"{where}: " in str(e.value) and "where a number belongs" in str(e.value)
+    assert f"{where}: " in str(e.value) and says in str(e.value), str(e.value)
+
+
+def test_a_name_read_as_a_yes_or_no_says_to_quote_it_and_reads_quoted(tmp_path):
+    path = tmp_path / "fleet.yaml"
+    path.write_text("models:\n  - name: no\n    checkpoint: /ckpt\n")
+    with pytest.raises(FleetConfigError) as e:
+        load_fleet(path)
+    assert "models.0.name: " in str(e.value) and TEXT in str(e.value)
+    path.write_text('models:\n  - name: "no"\n    checkpoint: /ckpt\n')
+    assert load_fleet(path).models[0].name == "no"
 
 
 def test_numbers_and_real_yes_no_settings_still_read():
@@ -50,21 +64,3 @@ def test_a_price_given_as_yes_is_refused(tmp_path):
     path.write_text(book.replace(price, "usd_per_gpu_hour: yes", 1))
     with pytest.raises(PriceError, match=r"gpu_prices\.0\.usd_per_gpu_hour.*where a number belongs"):
         load_prices(path)
-
-
-@pytest.mark.parametrize("model_yaml, where", [
-    ("name: no\n    checkpoint: /ckpt", "models.0.name"),
-    ("name: m\n    checkpoint: /ckpt\n    revision: on", "models.0.revision"),
-    ("name: m\n    checkpoint: /ckpt\n    routing: {policy: off}", "models.0.routing.policy"),
-])
-def test_a_yes_or_no_where_text_belongs_says_to_quote_it(tmp_path, model_yaml, where):
-    """`name: no` is a yes/no to YAML: pydantic said only "Input should be a valid string"."""
-    path = tmp_path / "fleet.yaml"
-    path.write_text(f"models:\n  - {model_yaml}\n")
-    with pytest.raises(FleetConfigError) as e:
-        load_fleet(path)
-    assert f"{where}: " in str(e.value) and "quote it" in str(e.value), str(e.value)
-    quoted = model_yaml.replace(": no", ': "no"').replace(": on", ': "on"')
-    path.write_text(f"models:\n  - {quoted}\n")
-    if "policy" not in where:
-        load_fleet(path)  # quoted, it reads
