@@ -57,6 +57,18 @@ class GatewayConfig(ConfigSection):
     # On SIGTERM or Ctrl-C: streams in flight get this long to finish before connections are closed (the
     # default fits podman's 10 s stop timeout; Kubernetes gives 30 s unless the pod says otherwise).
     drain_timeout_s: float = Field(8.0, ge=0)
+    # Web pages that may read the answers to their requests (CORS; vLLM's --allowed-origins): origins such as
+    # https://app.example.com, or "*" for any. None by default: browsers let no other page read an answer.
+    cors_allow_origins: list[str] = []
+
+    @field_validator("cors_allow_origins")
+    @classmethod
+    def _origins(cls, v: list[str]) -> list[str]:
+        for origin in v:
+            scheme, sep, rest = origin.partition("://")
+            if origin != "*" and (scheme not in ("http", "https") or not sep or not rest or "/" in rest):
+                raise ValueError(f"{origin!r} is not an origin: scheme://host[:port] (no path), or \"*\"")
+        return v
 
 
 class KeyConfig(ConfigSection):

@@ -194,3 +194,40 @@ def test_tokens_per_minute_reserve_every_completion_a_request_asks_for(slow_up):
         assert post(gw.url, key=key, n="2").json()["error"]["param"] == "n"
     finally:
         gw.stop()
+
+
+def test_cors_lets_the_listed_pages_read_answers_and_no_other(fast_up):
+    """A browser app calling the gateway with a key needs CORS (vLLM's --allowed-origins): its preflight got a 405
+    and its answers carried no Access-Control-Allow-Origin, so the browser let the page read nothing."""
+    key, key_hash = new_key(pepper_for_tests())
+    page, other = "https://app.example", "https://evil.example"
+    gw = start_gateway({"gateway": {"cors_allow_origins": [page]}, "keys": [{"name": "k", "hash": key_hash}],
+                        "models": [{"name": "m", "upstreams": [fast_up.url]}]})
+    try:
+        ask = {"access-control-request-method": "POST", "access-control-request-headers": "authorization, content-type"}
+        pre = httpx.options(gw.url + "/v1/chat/completions", headers={"origin": page, **ask}, timeout=10)
+        assert pre.status_code == 204 and pre.headers["access-control-allow-origin"] == page
+        assert "POST" in pre.headers["access-control-allow-methods"]
+        assert pre.headers["access-control-allow-headers"] == "authorization, content-type"
+        assert httpx.options(gw.url + "/v1/chat/completions", headers={"origin": other, **ask},
+                             timeout=10).status_code == 405
+        answer = post(gw.url, key=key, headers={"origin": page})
+        assert answer.status_code == 200 and answer.headers["access-control-allow-origin"] == page
+        assert "x-request-id" in answer.headers["access-control-expose-headers"]
+        refused = post(gw.url, headers={"origin": page})  # no key: its 401 readable by the page, still a 401
+        assert refused.status_code == 401 and refused.headers["access-control-allow-origin"] == page
+        assert "access-control-allow-origin" not in post(gw.url, key=key, headers={"origin": other}).headers
+        streamed = {"origin": page, "authorization": f"Bearer {key}"}
+        with httpx.stream("POST", gw.url + "/v1/completions", headers=streamed,
+                          json={"model": "m", "prompt": "hi", "max_tokens": 4, "stream": True}, timeout=30) as s:
+            assert s.headers["access-control-allow-origin"] == page and b"[DONE]" in s.read()
+    finally:
+        gw.stop()
+
+
+def test_cors_origins_are_checked_in_the_fleet_file():
+    from argosy.config import FleetConfigError, parse_fleet
+
+    assert parse_fleet({"gateway": {"cors_allow_origins": ["*", "http://localhost:3000"]}}).gateway.cors_allow_origins
+    with pytest.raises(FleetConfigError, match="is not an origin"):
+        parse_fleet({"gateway": {"cors_allow_origins": ["https://app.example/path"]}})

@@ -35,6 +35,7 @@ from argosy.gateway.components import (
     tei_error_body,
     with_default_model,
 )
+from argosy.gateway.cors import Cors, is_preflight
 from argosy.gateway.errors import GatewayError, rate_limited
 from argosy.gateway.fleet_view import FleetView
 from argosy.gateway.health import HealthChecker
@@ -77,6 +78,7 @@ class Gateway:
         # Where it listens (`--host` overrides the file; cli.bind writes it back): beyond loopback, admin
         # endpoints and replica URLs need the admin key whatever else is set.
         self.loopback_only = admin.is_loopback(gw.host)
+        self.cors = Cors(gw.cors_allow_origins)
         self.reg = UpstreamRegistry(gw)
         self.upstream_auth = UpstreamAuth(self.reg.by_url)  # what replicas are shown (argosy engine --api-key)
         r0 = fleet.models[0].routing if fleet.models else None
@@ -199,6 +201,12 @@ class Gateway:
             return
         if scope["type"] != "http":
             return
+        origin = self.cors.allowed(scope)  # a page listed in gateway.cors_allow_origins (none by default)
+        if origin is not None:
+            if is_preflight(scope):
+                await self.cors.preflight(scope, origin, send)
+                return
+            send = Cors.readable(send, origin)
         try:
             await handler_for(scope["method"], scope["path"])(self, scope, receive, send)
         except GatewayError as e:
