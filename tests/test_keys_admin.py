@@ -164,3 +164,29 @@ def test_a_credential_file_written_before_it_held_several_gateways_is_still_read
     assert local_admin.key_for("http://127.0.0.1:8000") == "sk-argosy-local-old"
     assert local_admin.read()["url"] == "http://127.0.0.1:9000"
     assert oct((tmp_path / "admin.json").stat().st_mode & 0o777) == "0o600"
+
+
+def test_revoking_the_last_key_locks_the_gateway_rather_than_opening_it(tmp_path, capsys, monkeypatch):
+    """The gateway's only key revoked: it had then served anyone without a key, beyond loopback too (where a
+    gateway with no keys refuses to start). Now every request is a 401 until a key is added; and the CLI says
+    that a fleet-file key revoked without Redis comes back at the next start unless the file loses it too."""
+    admin_file = str(tmp_path / "admin.json")
+    up = start_upstream("u")
+    ops_key, ops_hash = new_key()
+    gw = start_gateway({"keys": [{"name": "ops", "hash": ops_hash}], "models": [{"name": "m", "upstreams": [up.url]}]},
+                       env={"ARGOSY_ADMIN_FILE": admin_file})
+    try:
+        assert post(gw.url, ops_key).status_code == 200
+        code, _, err = keys(capsys, monkeypatch, admin_file, "revoke", "ops", "--url", gw.url)
+        assert code == 0 and "comes back when the gateway restarts" in err and "no keys left" in err, err
+        keyless = httpx.post(gw.url + "/v1/completions", json={"model": "m", "prompt": "hi", "max_tokens": 2},
+                             timeout=30)
+        for r in (post(gw.url, ops_key), keyless):
+            assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key", r.text
+        r = httpx.get(gw.url + "/admin/keys", timeout=10)  # nor do the admin routes open without a key
+        assert r.status_code in (401, 403), r.text
+        code, new, _ = keys(capsys, monkeypatch, admin_file, "add", "fresh", "--url", gw.url)
+        assert code == 0 and post(gw.url, new).status_code == 200
+    finally:
+        gw.stop()
+        up.stop()

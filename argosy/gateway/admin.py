@@ -97,7 +97,7 @@ async def require_admin(gw: Gateway, scope: Scope) -> None:
     if _local_admin(gw, scope, key):
         return
     if gw.keys.admin_hash is None:
-        if gw.keys.empty and gw.loopback_only:
+        if gw.keys.keyless and gw.loopback_only:
             refuse_web_pages(scope)
             return
         why = "the gateway listens beyond loopback" if not gw.loopback_only else "the fleet has API keys"
@@ -200,7 +200,9 @@ async def revoke_key(gw: Gateway, scope: Scope, receive: Receive, send: Send) ->
         await gw.key_sync.revoke(name)
     else:
         gw.keys.remove(name)
-    await respond_json(send, 200, {"ok": True, "name": name, "shared": gw.key_sync is not None})
+    await respond_json(send, 200, {"ok": True, "name": name, "shared": gw.key_sync is not None,
+                                   "keys_left": len(gw.keys.by_id),  # 0: every request a 401 until a key is added
+                                   "in_fleet_file": any(k.name == name for k in gw.fleet.keys)})
 
 
 def _new_record(name: str, req: dict[str, Any]) -> KeyRecord:

@@ -72,7 +72,7 @@ class Authenticator:
 
     async def request_key(self, scope) -> KeyRecord | None:
         """The caller's key record; None when the gateway has no keys. Raises 401 or 429."""
-        if self.keys.empty:
+        if self.keys.keyless:
             return None  # no keys configured: loopback only (checked at startup), no key needed
         key = bearer(scope)
         if not key:

@@ -149,6 +149,9 @@ class KeyStore:
         self.pepper, self.pepper_file = pepper, pepper_file
         self.by_id: dict[str, KeyRecord] = {}
         self.admin_hash = admin_hash
+        # Once this gateway has had a key, it never serves without one again: revoking the last key had turned
+        # authentication off, on 0.0.0.0 too (where a gateway with no keys refuses to start).
+        self.had_keys = False
         for k in keys:
             self.add(k)
         self.verified: dict[bytes, KeyRecord] = {}  # sha256(key) -> record: a request's check after the first
@@ -176,6 +179,7 @@ class KeyStore:
             raise ValueError(f"key {k.name!r}: its hash is not an argosy key hash (keys are made with "
                              "`argosy keys add NAME --config FLEET_FILE`, which writes the hash)")
         self.by_id[kid] = k
+        self.had_keys = True
 
     def mint(self) -> tuple[str, str]:
         """A new key for this gateway (POST /admin/keys): creates the pepper file if there is none yet."""
@@ -199,6 +203,7 @@ class KeyStore:
             if kid is not None:
                 by_id[kid] = k
         self.by_id = by_id
+        self.had_keys = self.had_keys or bool(by_id)
         live = {id(k) for k in by_id.values()}
         self.verified = {d: r for d, r in self.verified.items() if id(r) in live}
 
@@ -206,8 +211,10 @@ class KeyStore:
         return next((k for k in self.by_id.values() if k.name == name), None)
 
     @property
-    def empty(self) -> bool:
-        return not self.by_id
+    def keyless(self) -> bool:
+        """No key now and none ever (then loopback only, and no key is asked for); with every key revoked, every
+        request is a 401 until one is added."""
+        return not self.by_id and not self.had_keys
 
     def cached(self, key: str) -> KeyRecord | None:
         """The record of a key verified before (one dict lookup), else None."""

@@ -135,6 +135,11 @@ def _online(args) -> int:
         print(f"(shown once; key {args.name!r} works now on {where})", file=sys.stderr)
     else:
         print(f"{PROG}: key {args.name!r} revoked on {where}", file=sys.stderr)
+        if out.get("in_fleet_file") and not out.get("shared") and not args.config:  # a leaked key must stay out
+            print(f"{PROG}: warning: {args.name!r} is in the gateway's fleet file and comes back when the gateway "
+                  f"restarts; remove it there too: argosy keys revoke {args.name} --config FLEET_FILE", file=sys.stderr)
+        if out.get("keys_left") == 0:
+            print(f"{PROG}: no keys left: every request gets 401 until a key is added", file=sys.stderr)
     return 0
 
 
