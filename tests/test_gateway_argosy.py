@@ -143,3 +143,32 @@ def test_tokenize_and_detokenize_reach_a_replica_through_the_gateway(replicas):
     finally:
         if gw:
             gw.stop()
+
+
+def test_a_keys_usage_is_the_answers_usage_streamed_or_not(replicas):
+    """A key's tokens (and so its spend and budget) came from the gateway's estimate unless it had a tokens-per-minute
+    limit: a chat's input billed 11 tokens where the replica's usage said 20 (the chat template's tokens). Now
+    from the answer's usage, and a stream's from its usage chunk when the client asked for one."""
+    from argosy.gateway.keys import new_key
+    from tests.gateway_fixtures import pepper_for_tests
+
+    key, key_hash = new_key(pepper_for_tests())
+    admin_key, admin_hash = new_key(pepper_for_tests())
+    gw = None
+    try:
+        gw = start_gateway({"keys": [{"name": "team", "hash": key_hash}], "admin_key_hash": admin_hash,
+                            "models": [{"name": MODEL_NAME, "upstreams": [r.url for r in replicas]}]})
+        c = openai.OpenAI(base_url=gw.url + "/v1", api_key=key, max_retries=0)
+        messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello there, friend"}]
+        done = c.chat.completions.create(model=MODEL_NAME, messages=messages, max_tokens=5, temperature=0)
+        chunks = list(c.chat.completions.create(model=MODEL_NAME, messages=messages, max_tokens=6, temperature=0,
+                                                stream=True, stream_options={"include_usage": True}))
+        streamed = chunks[-1].usage
+        usage = httpx.get(gw.url + "/admin/keys", headers={"authorization": f"Bearer {admin_key}"},
+                          timeout=30).json()["keys"][0]["usage"]
+        assert usage["input_tokens"] == done.usage.prompt_tokens + streamed.prompt_tokens, (usage, done.usage)
+        assert usage["output_tokens"] == done.usage.completion_tokens + streamed.completion_tokens
+        assert done.usage.prompt_tokens > len("Be brief.Hello there, friend") / 4 + 2  # the estimate was short
+    finally:
+        if gw:
+            gw.stop()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 
 from argosy.cost.prices import PriceBook
 from argosy.gateway.bodies import ProxiedRequest
@@ -18,13 +19,31 @@ def key_class(key: KeyRecord | None) -> str:
     return key.priority if key is not None else "none"
 
 
+_STREAM_USAGE = re.compile(r'"usage"\s*:\s*(?=\{)')
+_DECODER = json.JSONDecoder()
+
+
+def stream_usage(tail: list[bytes]) -> tuple[int, int] | None:
+    """(prompt, completion) tokens from a stream's usage chunk, when it is among its last chunks."""
+    text = b"".join(tail).decode(errors="replace")
+    found = list(_STREAM_USAGE.finditer(text))
+    with contextlib.suppress(ValueError, KeyError, TypeError, IndexError):
+        usage, _ = _DECODER.raw_decode(text, found[-1].end())  # it may hold objects (prompt_tokens_details)
+        return int(usage["prompt_tokens"]), int(usage["completion_tokens"])
+    return None
+
+
 def tokens_used(call: Call, req: ProxiedRequest) -> tuple[int, int]:
     """(input, output) tokens: the response's usage (non-streamed), about one output token per streamed event,
     nothing for a failed call or a tokenizer route (no model ran)."""
     if req.path in TOKENIZER_PATHS:
         return 0, 0
     if call.stream:
-        return req.prompt_tokens, max(0, call.completion_events - 1)  # ~one token per event, minus [DONE]
+        usage = stream_usage(call.tail)  # exact when the client asked for it (stream_options.include_usage)
+        if usage is not None:
+            return usage
+        framing = 2 if req.path == "/v1/chat/completions" else 1  # [DONE], and chat's first chunk (the role)
+        return req.prompt_tokens, max(0, call.completion_events - framing)  # else about one token per event
     if call.output and call.status == 200 and req.path in ENCODER_PATHS:
         return usage_total(call.output) or req.prompt_tokens, 0  # an encoder: input only; usage read from the tail
     if call.output and call.status == 200:

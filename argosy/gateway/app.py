@@ -361,8 +361,8 @@ class Gateway:
         rreq = RouteRequest(req.text, req.prompt_tokens, sess_key)
         generates = req.path not in TOKENIZER_PATHS
         shadow_out = self.shadower.maybe_start(rt, req.path, req.fields, rreq, revision) if generates else None
-        billed = key is not None and (key.tpm or req.path in ENCODER_PATHS)  # encoders: exact usage per key
-        keep = (shadow_out is not None or bool(billed) and not req.stream or rt.cfg.debug
+        billed = key is not None  # a key's usage and spend come from the answer's usage where it has one
+        keep = (shadow_out is not None or billed and not req.stream or rt.cfg.debug
                 or rt.recording and generates and not req.stream)  # a rollout's samples count the answer's tokens
         return Call(rt.name, revision, req.path, req.body, req.stream, rreq, req.estimate, router, t0,
                     rt.output_guard, keep_output=keep, trace=rq.trace, headers=rq.upstream_headers,

@@ -102,6 +102,7 @@ class Call:
     ttft: float | None = None  # streamed: seconds to the first chunk
     gaps: list[float] | None = None  # streamed, when the model records samples: seconds between chunks
     recorded: bool = False  # a sample for the model's rollout analysis (generations only, not /tokenize)
+    tail: list[bytes] = field(default_factory=list)  # a stream's last two chunks (its usage, when asked for)
 
 
 def stream_error(message: str, code: str) -> bytes:
@@ -301,6 +302,7 @@ class Proxy:
                     saw_done = True
                 if keep:
                     call.output.append(chunk)
+                call.tail = call.tail[-1:] + [chunk]  # where a stream's usage is (stream_options.include_usage)
                 if filt is not None:
                     try:
                         chunk = await filt.feed(chunk)
