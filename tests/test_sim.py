@@ -190,6 +190,12 @@ def test_sim_cli_writes_the_result_keys_the_cost_estimator_reads(tmp_path, capsy
     ("duration_s: 10\nrate: 5\nrate: 50\n", [], r"t\.yaml:3:1: YAML syntax error: 'rate' given twice"),
     ("duration_s: 1.0e+12\nrate: 1.0e+9\n", [], "at most 10,000,000"),  # numpy had raised mid-generation
     ("duration_s: 1.0e+12\nrate: 1.0e+9\n", ["--week", "--gpu", "H100"], "at most 10,000,000"),
+    # each had run the whole simulation, then a traceback (an output folder missing) or a silent change
+    ("duration_s: 10\n", ["--gpu", "H100", "-o", "/nonexistent/dir/x.json"], "/nonexistent/dir is not a folder"),
+    ("duration_s: 10\n", ["--gpu", "H100", "--html", "/nonexistent/x.html"], "--html .*not a folder"),
+    ("duration_s: 10\n", ["--gpu", "H100", "--price-tier", "gold"], "unknown tier 'gold'"),  # no cost line
+    ("duration_s: 10\n", ["--gpu", "H100", "--provider", "nosuchcloud"], "unknown provider 'nosuchcloud'"),
+    ("duration_s: 10\n", ["--gpu", "H100", "--slo-ttft", "0s"], "must be more than 0"),  # had been 0.0% attained
 ])
 def test_cli_errors_are_one_line_and_exit_2(tmp_path, capsys, traffic, extra, message):
     from argosy.cli import main

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
 import time
+from pathlib import Path
 
 UNITS = {"ms": 1e-3, "s": 1.0, "m": 60.0}
 
@@ -161,6 +163,13 @@ def _inputs(args):
         model = models[0] if models else ModelConfig(name="default")
     if not 0 < args.attainment <= 1:
         raise ValueError("--attainment must be in (0, 1]")
+    if not (args.slo_ttft > 0 and args.slo_tpot > 0):  # 0 had passed: "SLO attainment: 0.0%"
+        raise ValueError("--slo-ttft and --slo-tpot must be more than 0")
+    _check_prices(args)
+    for flag, path in (("--output", args.output), ("--html", getattr(args, "html", None))):
+        folder = Path(path).resolve().parent if path else None
+        if folder is not None and not (folder.is_dir() and os.access(folder, os.W_OK)):
+            raise ValueError(f"{flag} {path}: {folder} is not a folder this user can write to")  # said before the run
     args.fleet = fleet if fleet is not None and fleet.regions else None  # regions: the gateways' routing decides
     spec = load_traffic(args.traffic)
     if args.fleet is not None:
@@ -170,6 +179,22 @@ def _inputs(args):
             raise ValueError(f"{args.traffic}: regions {', '.join(unknown)} are not regions of {args.config} "
                              f"({', '.join(sorted(known))})")
     return model, spec, SLO(args.slo_ttft, args.slo_tpot, None, args.attainment)
+
+
+def _check_prices(args) -> None:
+    """The tier and provider the cost line is priced at: a wrong one had dropped the line without a word."""
+    from argosy.cost.prices import TIERS, PriceError, load_prices
+
+    if args.price_tier not in TIERS:
+        raise ValueError(f"--price-tier: unknown tier {args.price_tier!r}; tiers: {', '.join(TIERS)}")
+    if args.provider is not None:
+        try:
+            providers = load_prices(args.prices).providers
+        except PriceError as e:
+            raise ValueError(f"--prices: {e}") from None
+        if args.provider.lower() not in {p.lower() for p in providers}:
+            raise ValueError(f"--provider: unknown provider {args.provider!r}; the price book has: "
+                             f"{', '.join(providers)}")
 
 
 def _write(args, res: dict, text: str, kind: str, title: str) -> None:
