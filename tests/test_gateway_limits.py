@@ -98,6 +98,12 @@ def test_keys_models_and_admin(fast_up):
         assert post(gw.url, model="other", key=new["key"]).status_code == 200
         assert httpx.delete(gw.url + "/admin/keys/team-b", headers=adm).status_code == 200
         assert post(gw.url, model="other", key=new["key"]).status_code == 401
+        # A new key that could not work, or a name taken: said, where they had been made (or garbled)
+        for body, param, says in (({"name": "team-c", "models": ["oher"]}, "models", "no model 'oher' in this fleet"),
+                                  ({"name": "team-c", "expires_at": 1.0}, "expires_at", "expired already"),
+                                  ({"name": "team-a"}, "name", "a key named 'team-a' exists already")):
+            r = httpx.post(gw.url + "/admin/keys", headers=adm, json=body)
+            assert (r.status_code, r.json()["error"]["param"]) == (400, param) and says in r.text, r.text
     finally:
         gw.stop()
 

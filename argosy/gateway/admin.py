@@ -176,9 +176,18 @@ async def list_keys(gw: Gateway, scope: Scope, receive: Receive, send: Send) -> 
 async def create_key(gw: Gateway, scope: Scope, receive: Receive, send: Send) -> None:
     req = await admin_body(gw, scope, receive)
     name = req.get("name")
-    if not isinstance(name, str) or not name or gw.keys.named(name) is not None:
-        raise bad_request("give a new key 'name'", "name")
-    await _issue(gw, send, _new_record(name, req))
+    if not isinstance(name, str) or not name:
+        raise bad_request("give the new key a 'name'", "name")
+    if gw.keys.named(name) is not None:
+        raise bad_request(f"a key named {name!r} exists already: rotate it, or revoke it first", "name")
+    rec = _new_record(name, req)
+    unknown = sorted(set(rec.models or ()) - set(gw.models))
+    if unknown:  # a key for a model this gateway does not have could use nothing: a typo, most likely
+        raise bad_request(f"models: no model {', '.join(map(repr, unknown))} in this fleet "
+                          f"({', '.join(sorted(gw.models)) or 'none'})", "models")
+    if rec.expired():
+        raise bad_request("expires_at: the key would have expired already", "expires_at")
+    await _issue(gw, send, rec)
 
 
 async def rotate_key(gw: Gateway, scope: Scope, receive: Receive, send: Send) -> None:
