@@ -196,6 +196,7 @@ def test_sim_cli_writes_the_result_keys_the_cost_estimator_reads(tmp_path, capsy
     ("duration_s: 10\n", ["--gpu", "H100", "--price-tier", "gold"], "unknown tier 'gold'"),  # no cost line
     ("duration_s: 10\n", ["--gpu", "H100", "--provider", "nosuchcloud"], "unknown provider 'nosuchcloud'"),
     ("duration_s: 10\n", ["--gpu", "H100", "--slo-ttft", "0s"], "must be more than 0"),  # had been 0.0% attained
+    ("duration_s: 10\nrate: 1\nprompt_tokens: {mean: 100000000}\n", [], "more than a replica's KV cache holds"),
 ])
 def test_cli_errors_are_one_line_and_exit_2(tmp_path, capsys, traffic, extra, message):
     from argosy.cli import main

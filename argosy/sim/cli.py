@@ -181,6 +181,19 @@ def _inputs(args):
     return model, spec, SLO(args.slo_ttft, args.slo_tpot, None, args.attainment)
 
 
+def _fits(reqs, profile) -> None:
+    """A request no replica's KV cache can hold is one a server refuses (400): the sim had kept such requests
+    waiting (100M-token prompts took 11.7 GB before any step), then reported them as merely unfinished."""
+    from argosy.sim.traffic import TrafficError
+
+    cap = profile.num_blocks * profile.block_size
+    longest = max((p + o for p, o in zip(reqs.prompt_tokens, reqs.output_tokens, strict=True)), default=0)
+    if longest > cap:
+        raise TrafficError(f"a request of {longest:,} tokens (prompt and output) is more than a replica's KV cache "
+                           f"holds ({cap:,} tokens on {profile.name}): a server refuses it; shorten the traffic's "
+                           "prompt_tokens or output_tokens")
+
+
 def _check_prices(args) -> None:
     """The tier and provider the cost line is priced at: a wrong one had dropped the line without a word."""
     from argosy.cost.prices import TIERS, PriceError, load_prices
@@ -293,6 +306,7 @@ def run_sim(args: argparse.Namespace) -> int:
         return 0
     try:
         reqs = make_requests(spec)
+        _fits(reqs, profile)
     except TrafficError as e:
         return _fail("sim", e)
     _log(f"simulating {len(reqs)} requests over {spec.duration_s:g} s on {profile.name}")
