@@ -85,13 +85,15 @@ def test_revoke_and_rotate_take_effect_at_once_on_the_other_gateway(fleet, capsy
 
 def test_expiry_budget_and_an_admin_api_closed_to_others(fleet, capsys, monkeypatch):
     (a, b), (file_a, _), _ = fleet
-    _, expired, _ = keys(capsys, monkeypatch, file_a, "add", "expired", "--expires", "0m")
+    _, expired, err = keys(capsys, monkeypatch, file_a, "add", "expired", "--expires", "0m")
+    assert "is not in the future" in err  # made, as asked, but said
     r = post(b.url, expired)
     assert r.status_code == 401 and r.json()["error"]["code"] == "key_expired"
     _, tiny, _ = keys(capsys, monkeypatch, file_a, "add", "tiny", "--budget", "0.0000001")
     assert post(a.url, tiny).status_code == 200  # nothing spent yet
     r = post(b.url, tiny)
     assert r.status_code == 429 and r.json()["error"]["code"] == "insufficient_quota"
+    assert "of $0.0000001)" in r.json()["error"]["message"]  # had been "of $1e-07"
     # Keys exist and no admin key is set: without the local credential the admin API says what to do.
     r = httpx.get(a.url + "/admin/keys", timeout=10)
     assert r.status_code == 403 and "local admin credential" in r.json()["error"]["message"]
@@ -114,7 +116,7 @@ def test_a_key_name_that_logs_labels_or_urls_would_mangle_is_refused(fleet, tmp_
     (a, _), (file_a, _), _ = fleet
     rule = "a key name is 1 to 64 characters, without spaces, slashes or control characters"
     code, key, err = keys(capsys, monkeypatch, file_a, "add", name)  # online: the admin API's check
-    assert code == 2 and not key and (rule in err or (not name and "give a new key 'name'" in err))
+    assert code == 2 and not key and (rule in err or (not name and "give the new key a 'name'" in err))
     fleet_file = tmp_path / "fleet.yaml"  # offline: the fleet file's, the same rule
     code, key, err = keys(capsys, monkeypatch, file_a, "add", name, "--config", str(fleet_file), "--offline")
     assert code == 2 and not key and rule in err and not fleet_file.exists()
@@ -141,10 +143,12 @@ def test_two_gateways_on_one_machine_each_keep_their_local_admin_credential(tmp_
             code, table, err = keys(capsys, monkeypatch, admin_file, "list", "--url", g.url)
             assert code == 0 and any(line.startswith("ops ") for line in table.splitlines()), err
         assert local_admin.read()["url"] == b.url  # `argosy keys` with no --url: the newest gateway
+        assert local_admin.default_url() == b.url  # and `argosy status` / `argosy rollout` (they had tried :8000)
         b.stop()
         assert local_admin.read()["url"] == a.url and local_admin.key_for(b.url) is None
         a.kill()  # no chance to take its entry out: skipped, as its process is gone
         assert local_admin.read() is None and local_admin.key_for(a.url) is None
+        assert local_admin.default_url() == "http://127.0.0.1:8000"  # none running: the default port
     finally:
         for g in gateways:
             g.stop()

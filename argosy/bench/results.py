@@ -100,8 +100,9 @@ def render_run(run: dict) -> str:
         lines.append(f"{name:16}" + "".join(f"{_f(st[k]):>10}" for k in ("mean", "p50", "p90", "p99")))
     lines.append(f"Peak in flight:           {s['peak_in_flight']} requests")
     if run.get("client_cpu_s") is not None and s["duration_s"] and s["requests"]:
+        share = 100 * run["client_cpu_s"] / s["duration_s"]  # of a run this short, a share says nothing
         lines.append(f"Client CPU:               {run['client_cpu_s']:.2f} s"
-                     f" ({100 * run['client_cpu_s'] / s['duration_s']:.0f} % of a core)")
+                     + (f" ({share:.0f} % of a core)" if s["duration_s"] >= 1 else ""))
     return "\n".join(lines)
 
 

@@ -12,7 +12,8 @@ from argosy.config import FleetConfigError, load_fleet
 
 
 def add_status_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--url", default="http://127.0.0.1:8000", help="the gateway of a running `argosy serve`")
+    p.add_argument("--url", default=None,
+                   help="the gateway of a running `argosy serve` (default: the newest on this machine, else http://127.0.0.1:8000)")
     p.add_argument("--admin-key", default=None, help="admin key, when the fleet has keys")
     p.add_argument("--json", action="store_true", help="print the raw JSON")
 
@@ -20,6 +21,7 @@ def add_status_arguments(p: argparse.ArgumentParser) -> None:
 def run_status(args: argparse.Namespace) -> int:
     from argosy.gateway import local_admin
 
+    args.url = args.url or local_admin.default_url()
     key = args.admin_key or local_admin.key_for(args.url)
     headers = {"authorization": f"Bearer {key}"} if key else {}
     try:

@@ -185,8 +185,6 @@ async def create_key(gw: Gateway, scope: Scope, receive: Receive, send: Send) ->
     if unknown:  # a key for a model this gateway does not have could use nothing: a typo, most likely
         raise bad_request(f"models: no model {', '.join(map(repr, unknown))} in this fleet "
                           f"({', '.join(sorted(gw.models)) or 'none'})", "models")
-    if rec.expired():
-        raise bad_request("expires_at: the key would have expired already", "expires_at")
     await _issue(gw, send, rec)
 
 

@@ -36,7 +36,7 @@ from argosy.gateway.components import (
     with_default_model,
 )
 from argosy.gateway.cors import Cors, is_preflight
-from argosy.gateway.errors import GatewayError, rate_limited
+from argosy.gateway.errors import GatewayError, rate_limited, usd
 from argosy.gateway.fleet_view import FleetView
 from argosy.gateway.health import HealthChecker
 from argosy.gateway.key_sync import KeySync
@@ -273,8 +273,8 @@ class Gateway:
             return
         spent = (await self.limiter.get_usage(key.name))["spend_micro_usd"] / 1e6
         if spent >= key.budget_usd:
-            raise GatewayError(429, f"the API key {key.name!r} has spent its budget (${spent:.4f} of "
-                               f"${key.budget_usd:g})", "insufficient_quota", "insufficient_quota")
+            raise GatewayError(429, f"the API key {key.name!r} has spent its budget ({usd(spent)} of "
+                               f"{usd(key.budget_usd)})", "insufficient_quota", "insufficient_quota")
 
     def model_for(self, req: ProxiedRequest, key: KeyRecord | None) -> ModelRuntime:
         rt = self.models.get(req.model)
@@ -306,7 +306,8 @@ class Gateway:
             wait = await self.limiter.take(key.name, key.rpm, key.tpm, min(req.estimate, key.tpm or req.estimate))
             if wait > 0:
                 self.m.rejections.labels(rt.name, "rate_limit", key.priority).inc()
-                raise rate_limited(f"key {key.name!r} is over its rate limit (rpm {key.rpm}, tpm {key.tpm})",
+                limits = ", ".join(f"{n} {v}" for n, v in (("rpm", key.rpm), ("tpm", key.tpm)) if v)
+                raise rate_limited(f"key {key.name!r} is over its rate limit ({limits})",
                                    "rate_limit_exceeded", wait)
 
     @contextlib.asynccontextmanager

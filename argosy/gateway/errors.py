@@ -49,3 +49,8 @@ def method_not_allowed(method: str, path: str, allowed: list[str]) -> GatewayErr
     return GatewayError(405, f"{method} is not allowed on {path} (allowed: {', '.join(allowed)})",
                         "invalid_request_error", "method_not_allowed",
                         headers=[(b"allow", ", ".join(allowed).encode())])
+
+
+def usd(amount: float) -> str:
+    """Dollars as people write them: $12.50, and a small budget's digits in full ($0.00001, not $1e-05)."""
+    return f"${amount:,.2f}" if amount >= 1 else "$" + f"{amount:.8f}".rstrip("0").rstrip(".")

@@ -117,6 +117,9 @@ def _online(args) -> int:
                     "budget_usd": args.budget, "models": _models(args.models),
                     "expires_at": parse_expiry(args.expires) if args.expires else None}
             out = _call("POST", url, headers, "/admin/keys", {k: v for k, v in body.items() if v is not None})
+            if body["expires_at"] is not None and body["expires_at"] <= time.time():
+                print(f"{PROG}: warning: --expires {args.expires} is not in the future: the key is refused (401 "
+                      "key_expired) from the start", file=sys.stderr)
         elif verb == "rotate":
             out = _call("POST", url, headers, f"/admin/keys/{args.name}/rotate")
         else:

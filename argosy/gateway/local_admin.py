@@ -103,6 +103,13 @@ def read() -> dict | None:
     return entries[-1] if entries else None
 
 
+def default_url() -> str:
+    """The gateway commands on this machine talk to without --url: the newest `argosy serve` / `argosy gateway`
+    still running (`argosy keys` found it, `argosy status` and `argosy rollout` had tried :8000 whatever ran)."""
+    entry = read()
+    return entry["url"] if entry and entry.get("url") else "http://127.0.0.1:8000"
+
+
 def key_for(url: str) -> str | None:
     """The key of the gateway at `url`: the entry with that URL, or with the same scheme and port on a loopback
     address when it listens on loopback or on every address (a gateway on 0.0.0.0 writes

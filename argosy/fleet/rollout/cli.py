@@ -23,7 +23,8 @@ from argosy.config_rollout import STRATEGIES
 
 def add_rollout_arguments(p: argparse.ArgumentParser) -> None:
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--url", default="http://127.0.0.1:8000", help="the gateway of a running `argosy serve`")
+    common.add_argument("--url", default=None,
+                        help="the gateway of a running `argosy serve` (default: the newest on this machine, else http://127.0.0.1:8000)")
     common.add_argument("--admin-key", default=os.environ.get("ARGOSY_ADMIN_KEY"),
                         help="admin key, when the fleet has keys (default: $ARGOSY_ADMIN_KEY, or the local admin "
                         "credential of the `argosy serve` at --url on this machine)")
@@ -81,6 +82,9 @@ def call(args: argparse.Namespace, method: str, path: str, body: dict | None = N
 
 
 def run_rollout(args: argparse.Namespace) -> int:
+    from argosy.gateway import local_admin
+
+    args.url = args.url or local_admin.default_url()
     try:
         return _run(args)
     except AdminError as e:
