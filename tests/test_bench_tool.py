@@ -259,6 +259,9 @@ def test_errors_are_counted_by_kind(tmp_path):
     s = res["runs"][0]["summary"]
     assert (s["completed"], s["failed"]) == (2, 6)
     assert s["errors"] == {"connection": 2, "http_429": 2, "http_500": 2}
+    # and why, as the server put it (its code; never its message, which may quote the prompt)
+    assert s["error_examples"]["http_429"] == "HTTP 429 Too Many Requests: fixture_429"
+    assert "fixture error" not in json.dumps(res)
 
 
 def test_chat_sessions_resend_history_with_shared_prefixes(server, tmp_path):

@@ -92,6 +92,18 @@ def _on_line(raw: bytes, now: float, rec: RequestRecord, pieces: list[str]) -> b
     return True
 
 
+def error_code(body: bytes) -> str:
+    """`: model_not_found (param model)` from an OpenAI error body; "" from anything else."""
+    try:
+        err = json.loads(body)["error"]
+        code, param = err.get("code"), err.get("param")
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return ""
+    if not isinstance(code, str):
+        return ""
+    return f": {code[:80]}" + (f" (param {param[:80]})" if isinstance(param, str) else "")
+
+
 async def send(session: aiohttp.ClientSession, ep: Endpoint, body: dict[str, Any], rec: RequestRecord,
                run_start: float) -> str:
     """POST `body`, stream the answer into `rec` (times, usage, error) and return the generated text
@@ -103,9 +115,9 @@ async def send(session: aiohttp.ClientSession, ep: Endpoint, body: dict[str, Any
         async with session.post(ep.url, json=body, headers=ep.headers(),
                                 timeout=aiohttp.ClientTimeout(total=ep.timeout_s)) as resp:
             if resp.status != 200:
-                await resp.read()
-                # Status and reason only: an error body may quote the prompt.
-                rec.error_kind, rec.error = f"http_{resp.status}", f"HTTP {resp.status} {resp.reason or ''}".strip()
+                # Status, reason and the error's code and param, never its message: a message may quote the prompt.
+                rec.error_kind = f"http_{resp.status}"
+                rec.error = f"HTTP {resp.status} {resp.reason or ''}".strip() + error_code(await resp.read())
                 return ""
             # Whole reads, split here: one await per TCP read instead of one per SSE line, and every
             # event in a read gets the read's arrival time.

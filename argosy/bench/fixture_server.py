@@ -45,7 +45,8 @@ class Fixture:
             self.traceparents.append(request.headers["traceparent"])
         action = self._next_action()
         if action.isdigit():
-            return web.json_response({"error": {"message": "fixture error", "code": int(action)}},
+            return web.json_response({"error": {"message": "fixture error", "type": "server_error", "param": None,
+                                                "code": f"fixture_{action}"}},
                                      status=int(action))
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)

@@ -96,6 +96,9 @@ def summarize(records: Sequence[RequestRecord], slos: dict[str, float] | None = 
         "completed": len(done),
         "failed": len(records) - len(done),
         "errors": dict(sorted(Counter(r.error_kind or "unknown" for r in records if not r.ok).items())),
+        # one error of each kind as the server put it (code and param), so a run that failed says why
+        "error_examples": {k: e for r in reversed(records) if not r.ok
+                           for k, e in [(r.error_kind or "unknown", r.error or "")]},
         "duration_s": dur,
         "request_throughput_rps": len(done) / dur,
         "input_throughput_tps": total_in / dur,

@@ -80,6 +80,7 @@ def render_run(run: dict) -> str:
                      f"{run['interrupted']['in_flight']} requests in flight were dropped")
     lines += [f"Requests:                 {s['requests']} sent, {s['completed']} completed, {s['failed']} failed"
               + (f" ({errors})" if errors else ""),
+              *(f"  {kind}: {example}" for kind, example in s.get("error_examples", {}).items() if example),
               f"Duration:                 {_f(s['duration_s'])} s",
               f"Request throughput:       {_f(s['request_throughput_rps'])} req/s",
               f"Input token throughput:   {_f(s['input_throughput_tps'], 1)} tok/s"
