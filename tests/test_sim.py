@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 
 import pytest
 
@@ -248,6 +249,11 @@ def test_profile_measures_the_engine_and_a_served_replica_then_sim_reads_it(tmp_
                  "--kv-cache-memory", "0.05", "-o", str(out)]) == 0
     prof = load_profile(out)
     assert prof.source == "measured" and "served" in prof.name
+    # The capacity table ends at the model's own context (the built-in model's 512 had run on to 131,072).
+    context = json.loads((ckpt / "config.json").read_text())["max_position_embeddings"]
+    printed = capsys.readouterr()
+    rows = [int(x.replace(",", "")) for x in re.findall(r"^\s+([\d,]+) tok ", printed.out, re.M)]
+    assert rows and rows[-1] == context, (rows, context)
     obs = prof.notes["observations"]
     assert len(obs) >= 10 and all(t > 0 for *_, t in obs)
     serving = prof.notes["serving"]
@@ -263,7 +269,7 @@ def test_profile_measures_the_engine_and_a_served_replica_then_sim_reads_it(tmp_
     assert len(prof.request_s_quantiles) == 20 and list(prof.request_s_quantiles) == sorted(prof.request_s_quantiles)
     # Beside a spinning process on every core the steps lose whole slices of the kernel's scheduler: a few ms.
     assert 0.0005 < prof.time_slice_s < 0.05
-    assert "time slice" in capsys.readouterr().err
+    assert "time slice" in printed.err
     traffic = tmp_path / "t.yaml"
     traffic.write_text("duration_s: 20\nrate: 2\nprompt_tokens: {mean: 32}\noutput_tokens: {mean: 8}\n")
     res = tmp_path / "r.json"

@@ -15,9 +15,10 @@ def capacity_table(prof: StepProfile, max_num_seqs: int = 256, max_len: int | No
     """Per sequence length (prompt + output tokens held in the KV cache): the most sequences whose KV fits,
     decode tokens/s for one sequence and at the batch that fits (capped by max_num_seqs)."""
     rows = []
-    for seq in SEQ_LENS:
-        if max_len is not None and seq > max_len:
-            break
+    seqs = [seq for seq in SEQ_LENS if max_len is None or seq <= max_len]
+    if max_len is not None and max_len not in seqs and max_len < SEQ_LENS[-1]:
+        seqs.append(max_len)  # the model's own context is the last row
+    for seq in seqs:
         fits = prof.num_blocks // math.ceil(seq / prof.block_size)
         batch = min(fits, max_num_seqs)
         row = {"seq_len": seq, "max_batch_fits": fits, "batch": batch,

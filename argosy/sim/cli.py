@@ -127,8 +127,20 @@ def run_profile(args: argparse.Namespace) -> int:
     print(f"{prof.name}: step = {prof.base_s * 1e3:.3f} ms + {shape}; "
           f"KV {prof.num_blocks} blocks of {prof.block_size} tokens; cold start {prof.cold_start_s:.1f} s "
           f"-> {args.output}")
-    print(render_capacity(prof, args.max_num_seqs if args.gpu is None else 256))
+    print(render_capacity(prof, args.max_num_seqs if args.gpu is None else 256,
+                          _context(args.model_config if args.gpu is not None else args.model)))
     return 0
+
+
+def _context(spec: str | None) -> int | None:
+    """The model's own context, past which the capacity table has no rows (the built-in model's 512 positions
+    had been tabulated up to 131,072 tokens); None where its config does not say."""
+    from argosy.sim.profile import model_shape
+
+    try:
+        return model_shape(spec).max_position_embeddings or None if spec else None
+    except ValueError:
+        return None
 
 
 # ---------------------------------------------------------------------------- sim and plan: common inputs

@@ -268,6 +268,7 @@ class ModelShape:
     num_heads: int = 0
     num_kv_heads: int = 0
     intermediate_size: int = 0
+    max_position_embeddings: int = 0  # the context it was trained for (0: not given)
 
     @classmethod
     def from_config(cls, name: str, c: dict) -> ModelShape:
@@ -286,7 +287,8 @@ class ModelShape:
         return cls(name, float(params), layers, 2 * layers * kv_heads * head_dim,
                    embed_params=0.0 if c.get("tie_word_embeddings") else float(vocab), head_params=float(vocab),
                    attn_flops_per_pair=4.0 * layers * heads * head_dim, hidden_size=h,
-                   num_heads=heads, num_kv_heads=kv_heads, intermediate_size=inter)
+                   num_heads=heads, num_kv_heads=kv_heads, intermediate_size=inter,
+                   max_position_embeddings=int(c.get("max_position_embeddings") or 0))
 
 
 def model_shape(spec: str) -> ModelShape:
