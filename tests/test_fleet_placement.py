@@ -286,3 +286,17 @@ def test_config_check_says_a_checkpoint_with_traffic_is_not_run(tmp_path):
 def test_config_check_of_a_file_with_no_models_says_what_serve_runs(tmp_path):
     rc, out, err = _check(tmp_path, {"gateway": {"port": 8001}})
     assert rc == 0 and "ok (0 models" in out and "serves the default model (" in out, (out, err)
+
+
+def test_status_leaves_a_stopped_revision_out_of_the_split():
+    """After a blue-green the split said "v2 100%, v1 0%", v1 long drained and stopped."""
+    from argosy.fleet.status import render
+
+    replica = {"id": "m-3", "revision": "v2", "state": "ready", "pooled": False, "node": "a", "in_flight": 0,
+               "age_s": 5.0, "cold_start_s": 1.0, "url": "http://127.0.0.1:1"}
+    model = {"model": "m", "provider": "local", "desired": 1, "panic": False, "in_flight": 0, "queued": 0, "held": 0,
+             "unplaceable": None, "stable": "v2", "revisions": {"v2": {"weight": 100.0}, "v1": {"weight": 0.0}},
+             "replicas": [replica], "decisions": [], "recent_failures": []}
+    assert "split" not in render({"nodes": [], "models": [model]})  # one revision left: no split to show
+    model["replicas"].append({**replica, "id": "m-1", "revision": "v1", "state": "draining"})
+    assert "split v2 100%, v1 0%" in render({"nodes": [], "models": [model]})  # while v1 still drains

@@ -59,8 +59,9 @@ def render(st: dict) -> str:
                    f"{m['held']} held for a cold start")
         if m["unplaceable"]:
             out.append(f"  cannot place a replica: {m['unplaceable']}")
-        revs = m.get("revisions") or {}
-        if len(revs) > 1 or m.get("rollout"):
+        running = {r.get("revision") for r in m["replicas"]}  # a revision drained and stopped is no part of it:
+        revs = {rev: x for rev, x in (m.get("revisions") or {}).items() if x["weight"] > 0 or rev in running}
+        if len(revs) > 1 or m.get("rollout"):  # after a blue-green the split had still said "v1 0%"
             split = ", ".join(f"{rev} {x['weight']:g}%" for rev, x in revs.items())
             ro = m.get("rollout")
             now = f"; rollout to {ro['to_revision']} ({ro['strategy']}): {ro['phase']}" if ro else ""
