@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import signal
 import sys
 
 
@@ -165,10 +166,29 @@ def main(argv: list[str] | None = None) -> int:
             p.set_defaults(func=getattr(code, run))
 
     args = parser.parse_args(argv)
+    if args.command in BATCH_COMMANDS:
+        signal.signal(signal.SIGTERM, _terminated)
     try:
         return args.func(args) or 0
+    except Terminated:
+        return 143
     except KeyboardInterrupt:
         return 130
+
+
+# Commands that run to an end: SIGTERM (`kill PID`, a container's stop) stops them as Ctrl-C does, their worker
+# processes included. It had killed `argosy plan` outright: its workers' semaphores leaked (a warning from
+# Python's resource tracker) and what it had found was lost. The servers handle SIGTERM themselves (a drain).
+BATCH_COMMANDS = frozenset({"bench", "profile", "sim", "plan", "cost", "generate"})
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the command is, so its `finally` blocks and Ctrl-C handling run."""
+
+
+def _terminated(signum, frame) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second one ends it at once
+    raise Terminated()
 
 
 if __name__ == "__main__":

@@ -339,3 +339,30 @@ def test_a_profile_saved_with_a_serving_line_loads_as_a_table(tmp_path):
     prof = load_profile(path)
     assert prof.step_s(0, 1, 16) == pytest.approx(0.010 + 0.0011)
     assert prof.step_s(0, 64, 16) == pytest.approx(0.010 + 0.001 + 64 * 0.0001)
+
+
+def test_sigterm_stops_plan_and_its_workers_as_ctrl_c_does(tmp_path):
+    """`kill PID` (a container's stop) had killed `argosy plan` outright: its spawned workers' semaphores leaked
+    (a resource-tracker warning). Now it ends as Ctrl-C does (its pool stopped): exit 143, no traceback."""
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    traffic = tmp_path / "t.yaml"
+    traffic.write_text("duration_s: 600\nrate: 200\n")
+    root = Path(__file__).resolve().parents[1]
+    p = subprocess.Popen([sys.executable, "-m", "argosy.cli", "plan", "--traffic", str(traffic), "--model-config",
+                          "llama-3.1-8b", "--gpus", "H100,A100", "--jobs", "2"], cwd=root, text=True,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        while "searching" not in (line := p.stderr.readline()):  # the workers run from here on
+            assert line, "plan ended before its search"
+        time.sleep(2)
+        p.send_signal(signal.SIGTERM)
+        err = p.communicate(timeout=60)[1]
+    finally:
+        p.kill()
+    assert p.returncode == 143, err
+    assert "leaked" not in err and "Traceback" not in err, err
