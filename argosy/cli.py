@@ -108,7 +108,7 @@ COMMANDS = [
     ("bench", "load-test any OpenAI-compatible server (TTFT, ITL, goodput)", "argosy.bench.cli",
      "add_bench_arguments", "run_bench"),
     ("profile", "measure this device's step times (--model) or a roofline profile (--gpu)",
-     "argosy.sim.cli", "add_profile_arguments", "run_profile"),
+     "argosy.sim.profile_cli", "add_profile_arguments", "run_profile"),
     ("sim", "simulate a fleet under a traffic file: latency, SLOs, replicas, GPU-hours, cost",
      "argosy.sim.cli", "add_sim_arguments", "run_sim"),
     ("plan", "the cheapest fleet meeting SLOs for a traffic file, and the cost/latency frontier",

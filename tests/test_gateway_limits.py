@@ -198,6 +198,7 @@ def test_tokens_per_minute_reserve_every_completion_a_request_asks_for(slow_up):
         bad = post(gw.url, key=key, n=0)
         assert (bad.status_code, bad.json()["error"]["param"]) == (400, "n")
         assert post(gw.url, key=key, n="2").json()["error"]["param"] == "n"
+        assert post(gw.url, key=key, n=1e300).json()["error"]["param"] == "n"  # no 300-digit estimate
     finally:
         gw.stop()
 

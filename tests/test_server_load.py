@@ -226,10 +226,10 @@ def test_more_prompts_than_the_queue_admits_is_a_400_not_a_503(tiny_llama):
         r = http.post("/completions", json={"model": MODEL_NAME, "prompt": ["a", "b"], "n": 2, "max_tokens": 1})
         err = r.json()["error"]
         assert (r.status_code, err["param"], err["code"]) == (400, "n", "too_many_prompts"), r.text
-        assert "4 sequences (2 prompts, n=2 each)" in err["message"]
+        assert "4 sequences (2 prompts x n=2)" in err["message"]
         r = http.post("/chat/completions", json={"model": MODEL_NAME, "messages": [{"role": "user", "content": "a"}],
                                                  "n": 3, "max_tokens": 1})
-        assert r.status_code == 400 and "3 sequences (n=3)" in r.json()["error"]["message"], r.text
+        assert r.status_code == 400 and "3 sequences (1 prompt x n=3)" in r.json()["error"]["message"], r.text
         r = http.post("/chat/completions", json={"model": MODEL_NAME, "messages": [{"role": "user", "content": "a"}],
                                                  "n": 2, "max_tokens": 1})
         assert r.status_code == 200 and len(r.json()["choices"]) == 2

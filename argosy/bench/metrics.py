@@ -81,6 +81,15 @@ def peak_in_flight(records: Sequence[RequestRecord]) -> int:
     return peak
 
 
+def error_examples(records: Sequence[RequestRecord]) -> dict[str, str]:
+    """The first error of each kind as the server put it (its code and param), so a run that failed says why."""
+    examples: dict[str, str] = {}
+    for r in records:
+        if not r.ok:
+            examples.setdefault(r.error_kind or "unknown", r.error or "")
+    return examples
+
+
 def summarize(records: Sequence[RequestRecord], slos: dict[str, float] | None = None,
               duration_s: float | None = None) -> dict:
     slos = slos or {}
@@ -96,9 +105,7 @@ def summarize(records: Sequence[RequestRecord], slos: dict[str, float] | None = 
         "completed": len(done),
         "failed": len(records) - len(done),
         "errors": dict(sorted(Counter(r.error_kind or "unknown" for r in records if not r.ok).items())),
-        # one error of each kind as the server put it (code and param), so a run that failed says why
-        "error_examples": {k: e for r in reversed(records) if not r.ok
-                           for k, e in [(r.error_kind or "unknown", r.error or "")]},
+        "error_examples": error_examples(records),
         "duration_s": dur,
         "request_throughput_rps": len(done) / dur,
         "input_throughput_tps": total_in / dur,

@@ -23,9 +23,9 @@ _STREAM_USAGE = re.compile(r'"usage"\s*:\s*(?=\{)')
 _DECODER = json.JSONDecoder()
 
 
-def stream_usage(tail: list[bytes]) -> tuple[int, int] | None:
+def stream_usage(tail: bytes) -> tuple[int, int] | None:
     """(prompt, completion) tokens from a stream's usage chunk, when it is among its last chunks."""
-    text = b"".join(tail).decode(errors="replace")
+    text = tail.decode(errors="replace")
     found = list(_STREAM_USAGE.finditer(text))
     with contextlib.suppress(ValueError, KeyError, TypeError, IndexError):
         usage, _ = _DECODER.raw_decode(text, found[-1].end())  # it may hold objects (prompt_tokens_details)
@@ -39,7 +39,7 @@ def tokens_used(call: Call, req: ProxiedRequest) -> tuple[int, int]:
     if req.path in TOKENIZER_PATHS:
         return 0, 0
     if call.stream:
-        usage = stream_usage(call.tail)  # exact when the client asked for it (stream_options.include_usage)
+        usage = stream_usage(call.before_last + call.last)  # exact with stream_options.include_usage
         if usage is not None:
             return usage
         framing = 2 if req.path == "/v1/chat/completions" else 1  # [DONE], and chat's first chunk (the role)

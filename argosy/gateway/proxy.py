@@ -102,7 +102,8 @@ class Call:
     ttft: float | None = None  # streamed: seconds to the first chunk
     gaps: list[float] | None = None  # streamed, when the model records samples: seconds between chunks
     recorded: bool = False  # a sample for the model's rollout analysis (generations only, not /tokenize)
-    tail: list[bytes] = field(default_factory=list)  # a stream's last two chunks (its usage, when asked for)
+    before_last: bytes = b""  # a stream's last two chunks: where its usage is, when the client asked for it
+    last: bytes = b""
 
 
 def stream_error(message: str, code: str) -> bytes:
@@ -302,7 +303,7 @@ class Proxy:
                     saw_done = True
                 if keep:
                     call.output.append(chunk)
-                call.tail = call.tail[-1:] + [chunk]  # where a stream's usage is (stream_options.include_usage)
+                call.before_last, call.last = call.last, chunk
                 if filt is not None:
                     try:
                         chunk = await filt.feed(chunk)

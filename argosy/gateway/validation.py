@@ -61,9 +61,10 @@ def check_body(path: str, req: Any) -> None:
         if not least <= value <= MAX_TOKENS:
             raise bad_request(f"'{name}' must be between {least} and {MAX_TOKENS}, got {value}", name, "invalid_value")
     n = req.get("n")
-    if n is not None and not (_is_int(n) and n >= 1):
-        raise invalid("n", "an integer of at least 1", n) if not _is_int(n) else bad_request(
-            f"'n' must be at least 1, got {n}", "n", "invalid_value")
+    if n is not None and not _is_int(n):
+        raise invalid("n", "an integer", n)
+    if n is not None and not 1 <= n <= MAX_TOKENS:  # 1e300 had made a 300-digit token estimate
+        raise bad_request(f"'n' must be between 1 and {MAX_TOKENS}, got {n}", "n", "invalid_value")
     options = req.get("stream_options")
     if options is not None:
         if not isinstance(options, dict):

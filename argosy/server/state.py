@@ -111,10 +111,11 @@ class ServerState:
         they were served or cleaned up."""
         if n > self.max_queue:  # never admitted, however idle the server: a 400, not a 503 to retry (a gateway
             # counts a replica's 503 as a failure: a few such requests ejected every replica of the model)
-            what = (f"{n} prompts" if prompts in (None, n) else f"{n} sequences (n={n // prompts})" if prompts == 1
-                    else f"{n} sequences ({prompts} prompts, n={n // prompts} each)")
+            by_n = prompts is not None and prompts != n  # n completions of each prompt
+            what = (f"{n} sequences ({prompts} prompt{'s' * (prompts > 1)} x n={n // prompts})" if by_n
+                    else f"{n} prompts")
             raise APIError.bad_request(f"the request holds {what}, more than this server admits at once "
-                                       f"({self.max_queue}, --max-queue)", "prompt" if prompts in (None, n) else "n",
+                                       f"({self.max_queue}, --max-queue)", "n" if by_n else "prompt",
                                        "too_many_prompts")
         if self.engine.num_waiting() + self.tokenizing + n > self.max_queue:
             raise APIError.overloaded(f"The server is overloaded ({self.max_queue} requests waiting); retry later.")

@@ -28,8 +28,7 @@ _DECODER = json.JSONDecoder()
 @dataclass
 class ScannedCall:
     name: str
-    arguments: str  # raw JSON text so far
-    complete: bool  # the arguments' JSON value is closed
+    arguments: str  # raw JSON text so far (cut short where the output was)
 
 
 @dataclass
@@ -61,14 +60,14 @@ class ToolFormat:
                 break
             a = _ARGS.search(text, m.end())
             if a is None:
-                calls.append(ScannedCall(name, "", False))
+                calls.append(ScannedCall(name, ""))
                 break
             try:
                 _, end = _DECODER.raw_decode(text, a.end())
             except ValueError:  # still open (or broken): what is there so far
-                calls.append(ScannedCall(name, text[a.end():].rstrip(), False))
+                calls.append(ScannedCall(name, text[a.end():].rstrip()))
                 break
-            calls.append(ScannedCall(name, text[a.end():end], True))
+            calls.append(ScannedCall(name, text[a.end():end]))
             pos = end
         return Scan(text[:start], calls, 0, opened=True)
 

@@ -171,7 +171,7 @@ def scan_calls(tools: ToolRequest, text: str, finished: bool) -> Scan:
         if name is None and (prefix := tools.format.partial_name(text)) is not None:
             names = [t["function"]["name"] for t in tools.tools if t["function"]["name"].startswith(prefix)]
             name = names[0] if len(names) == 1 else None
-        return Scan("", [ScannedCall(name, "", False)] if name is not None else [], 0, opened=True)
+        return Scan("", [ScannedCall(name, "")] if name is not None else [], 0, opened=True)
     return scan
 
 

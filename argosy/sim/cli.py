@@ -1,147 +1,14 @@
-"""`argosy profile`, `argosy sim` and `argosy plan`."""
+"""`argosy sim` and `argosy plan` (`argosy profile`: profile_cli.py)."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import os
-import re
-import sys
 import time
 from pathlib import Path
 
-UNITS = {"ms": 1e-3, "s": 1.0, "m": 60.0}
-
-
-def seconds(text: str) -> float:
-    """2s, 100ms, 1.5 (seconds)."""
-    m = re.fullmatch(r"\s*([0-9.]+)\s*(ms|s|m)?\s*", text)
-    if not m:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a duration: use e.g. 2s, 100ms or 1.5")
-    return float(m.group(1)) * UNITS[m.group(2) or "s"]
-
-
-def _csv(kind):
-    def parse(text: str) -> tuple:
-        try:
-            return tuple(kind(x) for x in text.split(",") if x.strip())
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r}: expected a comma-separated list") from None
-    return parse
-
-
-def _fail(cmd: str, e: Exception) -> int:
-    sys.stderr.write(f"argosy {cmd}: error: {e}\n")
-    return 2
-
-
-def _log(msg: str) -> None:
-    sys.stderr.write(msg + "\n")
-    sys.stderr.flush()
-
-
-def _add_roofline(p: argparse.ArgumentParser) -> None:
-    r = p.add_argument_group("roofline profile (hardware not at hand)")
-    r.add_argument("--model-config", help="catalogue model (llama-3.1-8b, llama-3.1-70b, qwen2.5-7b), "
-                   "a checkpoint folder or a config.json")
-    r.add_argument("--dtype", default="bf16", choices=["bf16", "fp8"])
-    r.add_argument("--compute-efficiency", type=float, default=0.5, help="share of peak FLOP/s reached (0.5)")
-    r.add_argument("--memory-efficiency", type=float, default=0.7, help="share of peak bandwidth reached (0.7)")
-    r.add_argument("--cold-start", type=seconds, default=60.0, help="replica start-to-ready time (60s)")
-
-
-def _roofline_settings(args):
-    from argosy.sim.profile import RooflineSettings
-
-    for name in ("compute_efficiency", "memory_efficiency"):
-        if not 0 < getattr(args, name) <= 1:
-            raise ValueError(f"--{name.replace('_', '-')} must be in (0, 1]")
-    return RooflineSettings(args.compute_efficiency, args.memory_efficiency, args.dtype, cold_start_s=args.cold_start)
-
-
-# ---------------------------------------------------------------------------- profile
-
-def add_profile_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", help="measure the real engine on this device with this checkpoint")
-    p.add_argument("--gpu", help="or a roofline profile for this accelerator (H100, H200, B200, A100, L40S)")
-    p.add_argument("--tp", type=int, default=1, help="tensor-parallel size (roofline)")
-    p.add_argument("--max-num-seqs", type=int, default=64, help="largest decode batch measured (64)")
-    p.add_argument("--max-num-batched-tokens", type=int, default=512, help="token budget of a step (512)")
-    p.add_argument("--kv-cache-memory", type=float, default=0.5, metavar="GIB", help="KV cache when measuring")
-    p.add_argument("--engine-only", action="store_true",
-                   help="time the engine's steps only; by default a served replica is measured too (HTTP, SSE)")
-    p.add_argument("--node", action="store_true",
-                   help="also measure the CPU a node spends outside the engines per token (gateway, event loops, "
-                        "client) and a replica's start under load, behind `argosy serve`: for `sim --node-cores`")
-    p.add_argument("--output", "-o", default="profile.json")
-    _add_roofline(p)
-
-
-def _is_encoder(model: str) -> bool:
-    from argosy.encoder.checkpoint import is_encoder_checkpoint
-    from argosy.models.packaged import resolve_checkpoint
-
-    return is_encoder_checkpoint(resolve_checkpoint(model))
-
-
-def run_profile(args: argparse.Namespace) -> int:
-    from argosy.sim.profile import model_shape, roofline_profile
-
-    try:
-        if (args.model is None) == (args.gpu is None):
-            raise ValueError("give --model PATH (measure this device) or --gpu NAME --model-config M (roofline)")
-        if args.node and (args.gpu is not None or _is_encoder(args.model)):
-            raise ValueError("--node measures a generating model served on this machine (not --gpu or an encoder)")
-        if args.gpu is not None:
-            if args.model_config is None:
-                raise ValueError("--gpu needs --model-config (a catalogue model, checkpoint folder or config.json)")
-            prof = roofline_profile(args.gpu, model_shape(args.model_config), args.tp, _roofline_settings(args))
-        elif _is_encoder(args.model):  # an embedding model or a reranker: batch times of the encoder engine
-            from argosy.sim.measure_encoder import measure_encoder_profile
-
-            prof = measure_encoder_profile(args.model, log=_log)
-        else:
-            from argosy.sim.measure import measure_profile
-
-            prof = measure_profile(args.model, max_num_seqs=args.max_num_seqs, token_budget=args.max_num_batched_tokens,
-                                   kv_cache_memory_gib=args.kv_cache_memory, log=_log)
-            if not args.engine_only:
-                from argosy.sim.measure_serving import measure_serving
-
-                prof = measure_serving(args.model, prof, max_num_seqs=args.max_num_seqs,
-                                       token_budget=args.max_num_batched_tokens,
-                                       kv_cache_memory_gib=args.kv_cache_memory, log=_log)
-            if args.node:
-                from argosy.sim.measure_node import measure_node
-
-                prof = measure_node(args.model, prof, max_num_seqs=args.max_num_seqs,
-                                    token_budget=args.max_num_batched_tokens,
-                                    kv_cache_memory_gib=args.kv_cache_memory, log=_log)
-    except (ValueError, FileNotFoundError, RuntimeError) as e:
-        return _fail("profile", e)
-    from argosy.sim.capacity import render_capacity
-
-    prof.save(args.output)
-    shape = ("max(matmul FLOPs, weights read) + max(attention FLOPs, KV read)" if prof.combine == "split"
-             else f"{prof.combine}(compute, memory)")
-    print(f"{prof.name}: step = {prof.base_s * 1e3:.3f} ms + {shape}; "
-          f"KV {prof.num_blocks} blocks of {prof.block_size} tokens; cold start {prof.cold_start_s:.1f} s "
-          f"-> {args.output}")
-    print(render_capacity(prof, args.max_num_seqs if args.gpu is None else 256,
-                          _context(args.model_config if args.gpu is not None else args.model)))
-    return 0
-
-
-def _context(spec: str | None) -> int | None:
-    """The model's own context, past which the capacity table has no rows (the built-in model's 512 positions
-    had been tabulated up to 131,072 tokens); None where its config does not say."""
-    from argosy.sim.profile import model_shape
-
-    try:
-        return model_shape(spec).max_position_embeddings or None if spec else None
-    except ValueError:
-        return None
-
+from argosy.sim.cli_common import add_roofline, csv_of, fail, log, roofline_settings, seconds
 
 # ---------------------------------------------------------------------------- sim and plan: common inputs
 
@@ -256,7 +123,7 @@ def add_sim_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--level-duration", type=seconds, default=60.0,
                    help="--week: seconds simulated per level, the first third a warm-up (60)")
     p.add_argument("--level-step", type=float, default=0.05, help="--week: levels rounded to this share of the peak")
-    _add_roofline(p)
+    add_roofline(p)
 
 
 def _warmup(text: str) -> float:
@@ -275,7 +142,7 @@ def _profile(args):
         return load_profile(args.profile)
     if args.model_config is None:
         raise ValueError("--gpu needs --model-config (a catalogue model, checkpoint folder or config.json)")
-    return roofline_profile(args.gpu, model_shape(args.model_config), args.tp, _roofline_settings(args))
+    return roofline_profile(args.gpu, model_shape(args.model_config), args.tp, roofline_settings(args))
 
 
 def run_sim(args: argparse.Namespace) -> int:
@@ -290,12 +157,12 @@ def run_sim(args: argparse.Namespace) -> int:
         if args.replicas is not None and args.replicas < 1:
             raise ValueError("--replicas must be at least 1")
     except (ValueError, FileNotFoundError) as e:
-        return _fail("sim", e)
+        return fail("sim", e)
     prices = gpu_prices([profile.gpu], args.price_tier, args.provider, args.prices)
     if args.node_cores is not None and not (args.node_cores > 0 and args.replica_threads > 0):
-        return _fail("sim", ValueError("--node-cores and --replica-threads must be > 0"))
+        return fail("sim", ValueError("--node-cores and --replica-threads must be > 0"))
     if args.node_cores is not None and not profile.node_token_cpu_table:
-        _log("note: the profile has no node CPU figures (`argosy profile --node`): only the engines' threads "
+        log("note: the profile has no node CPU figures (`argosy profile --node`): only the engines' threads "
              "share the node's cores, so a busy node is predicted faster than it is")
     settings = SimSettings(replicas=args.replicas, sample_s=max(1.0, spec.duration_s / 2000),
                            node_cores=args.node_cores, replica_threads=args.replica_threads)
@@ -303,10 +170,10 @@ def run_sim(args: argparse.Namespace) -> int:
     if args.week:
         try:
             res = plan_week(model, profile, spec, slo, settings=settings, level_s=args.level_duration,
-                            warmup_s=args.level_duration / 3, level_step=args.level_step, progress=_log,
+                            warmup_s=args.level_duration / 3, level_step=args.level_step, progress=log,
                             fleet=args.fleet)
         except TrafficError as e:
-            return _fail("sim", e)
+            return fail("sim", e)
         res["cost"] = ({"usd": round(sum(h * prices[g] for g, h in res["gpu_hours"].items()), 2)}
                        if prices else None)
         text = (f"week: {res['hours']} hours from {len(res['levels'])} levels; attainment {res['attainment']:.3f}; "
@@ -320,11 +187,11 @@ def run_sim(args: argparse.Namespace) -> int:
         reqs = make_requests(spec)
         _fits(reqs, profile)
     except TrafficError as e:
-        return _fail("sim", e)
-    _log(f"simulating {len(reqs)} requests over {spec.duration_s:g} s on {profile.name}")
+        return fail("sim", e)
+    log(f"simulating {len(reqs)} requests over {spec.duration_s:g} s on {profile.name}")
 
     def progress(now: float, i: int, n: int) -> None:
-        _log(f"  {now:.0f}/{spec.duration_s:g} s simulated, {i}/{n} requests, "
+        log(f"  {now:.0f}/{spec.duration_s:g} s simulated, {i}/{n} requests, "
              f"{now / (time.perf_counter() - t0):.1f}x real time")
 
     warmup = args.warmup
@@ -332,7 +199,7 @@ def run_sim(args: argparse.Namespace) -> int:
         warmup = auto_warmup_s(spec.duration_s, profile.cold_start_s, autoscaled=args.replicas is None)
     if warmup >= spec.duration_s:
         msg = f"--warmup ({warmup:g} s) must be shorter than the traffic ({spec.duration_s:g} s)"
-        return _fail("sim", ValueError(msg))
+        return fail("sim", ValueError(msg))
     sim = FleetSim(model, profile, spec, reqs, settings, fleet=args.fleet)
     sim.run(progress)
     res = summarize(sim, slo, warmup_s=warmup, prices=prices)
@@ -347,10 +214,10 @@ def run_sim(args: argparse.Namespace) -> int:
 
 def add_plan_arguments(p: argparse.ArgumentParser) -> None:
     _add_common(p)
-    p.add_argument("--gpus", type=_csv(str), default=("H100",), help="accelerators to try (H100,A100,...)")
-    p.add_argument("--tp", type=_csv(int), default=(1,), help="TP sizes to try (1,2)")
-    p.add_argument("--max-num-seqs", type=_csv(int), default=(256,), help="batch limits to try (128,256)")
-    p.add_argument("--policies", type=_csv(str), default=("least_load",), help="routing policies to try")
+    p.add_argument("--gpus", type=csv_of(str), default=("H100",), help="accelerators to try (H100,A100,...)")
+    p.add_argument("--tp", type=csv_of(int), default=(1,), help="TP sizes to try (1,2)")
+    p.add_argument("--max-num-seqs", type=csv_of(int), default=(256,), help="batch limits to try (128,256)")
+    p.add_argument("--policies", type=csv_of(str), default=("least_load",), help="routing policies to try")
     p.add_argument("--max-replicas", type=int, default=64, help="per region (64)")
     p.add_argument("--jobs", "-j", type=int, default=None,
                    help="configurations simulated at once, each in its own process (default: this machine's cores)")
@@ -360,7 +227,7 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--spare", choices=["none", "replica", "region"], default="none",
                    help="grow the chosen fleet until it survives the loss of a replica in any region, or of a "
                         "whole region (default none: the fewest that pass, and the answer says what they survive)")
-    _add_roofline(p)
+    add_roofline(p)
 
 
 def run_plan(args: argparse.Namespace) -> int:
@@ -393,9 +260,9 @@ def run_plan(args: argparse.Namespace) -> int:
                              "(argosy/sim/catalogue.yaml)")
         space = PlanSpace(tuple(args.gpus), tuple(args.tp), tuple(args.max_num_seqs), tuple(args.policies),
                           args.max_replicas, args.spare)
-        settings = _roofline_settings(args)
+        settings = roofline_settings(args)
     except (ValueError, FileNotFoundError) as e:
-        return _fail("plan", e)
+        return fail("plan", e)
 
     def price(gpu: str) -> float | None:
         got = gpu_prices([gpu], args.price_tier, args.provider, args.prices)
@@ -407,19 +274,19 @@ def run_plan(args: argparse.Namespace) -> int:
     try:
         reqs = make_requests(spec)
     except TrafficError as e:
-        return _fail("plan", e)
-    _log(f"planning for {len(reqs)} requests over {spec.duration_s:g} s")
-    res = search(model, shape, spec, reqs, slo, space, settings, price, progress=_log, fleet=args.fleet,
+        return fail("plan", e)
+    log(f"planning for {len(reqs)} requests over {spec.duration_s:g} s")
+    res = search(model, shape, spec, reqs, slo, space, settings, price, progress=log, fleet=args.fleet,
                  jobs=args.jobs)
     trials = res.pop("trials")
 
     def run_checks(c: dict) -> dict:
-        _log(f"checking {c['label']} against the loss of a replica and of a region")
+        log(f"checking {c['label']} against the loss of a replica and of a region")
         trial = trials[c["label"]]
         return checks(trial, c, lambda counts: trial.candidate(counts))
 
     def run_headroom(c: dict) -> dict:
-        return headroom(trials[c["label"]], c["replicas"], _log)
+        return headroom(trials[c["label"]], c["replicas"], log)
 
     res["answer"] = answer(res, shape.params, args.price_tier, args.provider, args.prices, run_checks, run_headroom)
     chosen = res["cheapest"]
@@ -435,9 +302,9 @@ def run_plan(args: argparse.Namespace) -> int:
                 gpu_prices([chosen["gpu"]], kind, None, args.prices)
             return got[chosen["gpu"]] if got else None
 
-        _log(f"capacity mix: {chosen['label']} over the week's hours, spot preemptions simulated at the peak")
+        log(f"capacity mix: {chosen['label']} over the week's hours, spot preemptions simulated at the peak")
         res["capacity_mix"] = plan_mix(trials[chosen["label"]], chosen, args.fleet, week, book, args.spot_notice,
-                                       (res["answer"]["checks"] or {}).get("region_loss"), _log)
+                                       (res["answer"]["checks"] or {}).get("region_loss"), log)
         text += "\n" + render_mix(res["capacity_mix"])
     _write(args, res, text, "plan", "argosy plan")
     return 0
